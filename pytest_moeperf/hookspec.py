@@ -1,0 +1,41 @@
+"""Every hook pytest-moeperf offers. Implement them in a conftest.py or a plugin.
+
+The plugin's own behaviour is an ordinary implementation of these hooks (``trylast``), so a conftest can replace
+it: return a value from a ``firstresult`` hook to take over.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_moeperf.baselines import BaselineEntry
+    from pytest_moeperf.records import Measurement, Section
+    from pytest_moeperf.thresholds import Threshold
+    from pytest_moeperf.topology import Topology
+    from pytest_moeperf.verdict import Verdict
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_moeperf_topology(config: pytest.Config) -> Topology | None:
+    """Return the topology this session measures. The default reads ``--moeperf-topology`` or probes NVML
+    (and the host without GPUs). Called once per session (per xdist worker)."""
+
+
+@pytest.hookspec
+def pytest_moeperf_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    """Amend ``machine_info`` (the JSON report's machine section) in place."""
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_moeperf_verdict(config: pytest.Config, measurement: Measurement, baseline: BaselineEntry | None,
+                           threshold: Threshold) -> Verdict | None:
+    """Judge one metric. The default compares medians against the threshold (see ``verdict.judge``)."""
+
+
+@pytest.hookspec
+def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:
+    """Return extra tables for the reports, built from this session's measurements (e.g. a decode-step budget).
+    Results of all implementations are shown, in registration order."""

@@ -1,0 +1,54 @@
+"""`Perf`: what the ``perf`` fixture hands a test to record its metrics with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from pytest_moeperf.records import Better, JSONScalar, Measurement, as_samples
+
+
+class Perf:
+    """Records metrics for one test. Verdicts against the baseline are decided when the test's call ends.
+
+    >>> perf.context(model="kimi-k2.5", op="gate_up", m=1)
+    >>> perf.record("latency", [12.1, 12.3, 12.2], unit="us", better="lower")
+    """
+
+    def __init__(self, test_id: str, *, simulated_from: str | None = None) -> None:
+        self.test_id = test_id
+        self._context: dict[str, JSONScalar] = {}
+        self._records: list[Measurement] = []
+        self._simulated_from = simulated_from
+
+    @property
+    def records(self) -> tuple[Measurement, ...]:
+        return tuple(self._records)
+
+    def context(self, **values: JSONScalar) -> None:
+        """Attach facts (shape, dtype, backend, …) to every metric this test records from now on."""
+        for key, value in values.items():
+            if not isinstance(value, (str, int, float, bool)) and value is not None:
+                raise TypeError(f"perf.context({key}=…) must be a str, number, bool or None, "
+                                f"got {type(value).__name__}")
+        self._context.update(values)
+
+    def record(self, name: str, samples: float | int | Sequence[float | int], *, unit: str,
+               better: Better = "lower", tolerance: float | None = None, abs_tolerance: float | None = None,
+               context: dict[str, JSONScalar] | None = None) -> Measurement:
+        """Record one metric: a number or a sequence of samples (the median is judged).
+
+        ``tolerance`` (relative) and ``abs_tolerance`` (in ``unit``) override the marker and option for this
+        metric. A second record of the same name in one test is an error."""
+        if self._simulated_from is not None:
+            pytest.skip(f"topology is simulated (from {self._simulated_from}): measurements need the real "
+                        "devices, so nothing is recorded or compared")
+        if any(m.name == name for m in self._records):
+            raise ValueError(f"metric {name!r} recorded twice in {self.test_id}")
+        measurement = Measurement(
+            test_id=self.test_id, name=name, samples=as_samples(samples), unit=unit, better=better,
+            tolerance=tolerance, abs_tolerance=abs_tolerance, context={**self._context, **(context or {})},
+        )
+        self._records.append(measurement)
+        return measurement

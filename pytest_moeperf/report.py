@@ -1,0 +1,142 @@
+"""Reports as lines or documents; nothing here prints or writes files."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_moeperf.records import Section
+from pytest_moeperf.verdict import Status, Verdict
+
+BENCHMARK_JSON_VERSION = "5.2.3"  # the pytest-benchmark report version whose schema we follow
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f} %"
+
+
+def verdict_rows(verdicts: Sequence[Verdict]) -> list[tuple[str, ...]]:
+    return [
+        (v.key, v.unit, _fmt(v.baseline.median if v.baseline else None), _fmt(v.current.median),
+         _pct(v.change), "-" if v.allowed is None else f"{v.allowed * 100:.0f} %", v.status.value)
+        for v in verdicts
+    ]
+
+
+VERDICT_COLUMNS = ("metric", "unit", "baseline", "current", "Δ", "tol", "verdict")
+
+
+def table_lines(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 90) -> list[str]:
+    """A plain aligned text table; over-long cells in the first column are shortened from the left."""
+    cells = [[str(c) for c in row] for row in rows]
+    for row in cells:
+        if row and len(row[0]) > max_width:
+            row[0] = "…" + row[0][-(max_width - 1):]
+    widths = [max([len(columns[i])] + [len(r[i]) for r in cells]) for i in range(len(columns))]
+    head = "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(columns))
+    lines = [head, "-" * len(head)]
+    for row in cells:
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
+    return lines
+
+
+def counts_line(verdicts: Sequence[Verdict]) -> str:
+    counts = {s: sum(1 for v in verdicts if v.status is s) for s in Status}
+    return ", ".join(f"{n} {s.value.lower()}" for s, n in counts.items() if n) or "no metrics"
+
+
+def terminal_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], header: str) -> list[str]:
+    lines = [header, counts_line(verdicts)]
+    if verdicts:
+        lines += [""] + table_lines(VERDICT_COLUMNS, verdict_rows(verdicts))
+    for section in sections:
+        lines += ["", section.title] + table_lines(section.columns, section.rows)
+        if section.note:
+            lines.append(section.note)
+    return lines
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|")
+
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(cell(c) for c in row) + " |" for row in rows
+    ]
+
+
+_ICONS = {Status.PASS: "✅", Status.NEW: "🆕", Status.IMPROVED: "🚀", Status.REGRESSED: "❌"}
+
+
+def markdown_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], header: str) -> list[str]:
+    lines = [f"## moeperf: {header}", "", counts_line(verdicts), ""]
+    regressed = [v for v in verdicts if v.status is Status.REGRESSED]
+    if regressed:
+        lines += ["### Regressions", ""] + [f"- `{v.key}`: {v.message()}" for v in regressed] + [""]
+    if verdicts:
+        rows = [row[:-1] + (f"{_ICONS[v.status]} {v.status.value}",) for row, v in zip(verdict_rows(verdicts),
+                                                                                       verdicts, strict=True)]
+        lines += markdown_table(VERDICT_COLUMNS, [(f"`{r[0]}`",) + r[1:] for r in rows]) + [""]
+    for section in sections:
+        lines += [f"### {section.title}", ""] + markdown_table(section.columns, section.rows) + [""]
+        if section.note:
+            lines += [section.note, ""]
+    return lines
+
+
+def benchmark_json(verdicts: Sequence[Verdict], contexts: dict[str, dict[str, Any]], samples: dict[str, list[float]],
+                   machine_info: dict[str, Any], commit_info: dict[str, Any],
+                   sections: Sequence[Section]) -> dict[str, Any]:
+    """A report in the pytest-benchmark JSON schema (``pytest-benchmark compare`` reads it). Values keep the
+    metric's own unit (``extra_info.unit``); pytest-benchmark shows them as if they were seconds."""
+    benchmarks = []
+    for v in verdicts:
+        s = v.current
+        test_id, _, metric = v.key.rpartition("::")
+        data = samples.get(v.key, [])
+        benchmarks.append({
+            "group": test_id.split("::", 1)[0],
+            "name": f"{test_id.rpartition('::')[2]}::{metric}",
+            "fullname": v.key,
+            "params": contexts.get(v.key, {}),
+            "param": None,
+            "extra_info": {
+                "metric": metric, "unit": v.unit, "better": v.better, "verdict": v.status.value,
+                "baseline_median": v.baseline.median if v.baseline else None,
+                "change": v.change, "allowed": v.allowed, **contexts.get(v.key, {}),
+            },
+            "options": {"disable_gc": False, "timer": "moeperf", "min_rounds": 1, "max_time": 0,
+                        "min_time": 0, "warmup": False},
+            "stats": {
+                "min": s.min, "max": s.max, "mean": s.mean, "stddev": s.stddev, "rounds": s.n,
+                "median": s.median, "iqr": s.iqr, "q1": s.q1, "q3": s.q3, "iqr_outliers": 0,
+                "stddev_outliers": 0, "outliers": "0;0", "ld15iqr": s.min, "hd15iqr": s.max,
+                "ops": (1.0 / s.mean) if s.mean else 0.0, "total": sum(data) if data else s.mean * s.n,
+                "data": data, "iterations": 1,
+            },
+        })
+    return {
+        "machine_info": machine_info,
+        "commit_info": commit_info,
+        "benchmarks": benchmarks,
+        "datetime": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "version": BENCHMARK_JSON_VERSION,
+        "moeperf": {"sections": [{"title": x.title, "columns": list(x.columns), "rows": [list(r) for r in x.rows],
+                                  "note": x.note} for x in sections]},
+    }
+
+
+def base_machine_info() -> dict[str, Any]:
+    uname = platform.uname()
+    return {
+        "node": uname.node, "processor": uname.processor, "machine": uname.machine,
+        "python_compiler": platform.python_compiler(), "python_implementation": platform.python_implementation(),
+        "python_implementation_version": platform.python_version(), "python_version": platform.python_version(),
+        "python_build": list(platform.python_build()), "release": uname.release, "system": uname.system,
+    }

@@ -1,0 +1,143 @@
+"""The `moeperf` options: one table feeds the CLI flags, their ini twins and the frozen `Settings`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def parse_fraction(text: str) -> float:
+    """A relative tolerance: a fraction in [0, 10), e.g. ``0.1`` for 10 %."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.1, got {text!r}") from None
+    if not 0.0 <= value < 10.0:
+        raise argparse.ArgumentTypeError(f"a tolerance is a fraction in [0, 10), got {value}")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds such as 120, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"seconds must be positive, got {value}")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parse_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected an http(s) URL such as http://127.0.0.1:8000, got {text!r}")
+    return text.rstrip("/")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: ``--moeperf-<name>`` on the command line and ``moeperf_<name>`` in the ini file."""
+
+    name: str
+    field: str
+    help: str
+    metavar: str | None  # None: a flag
+    parse: Callable[[str], Any]
+    default: Any
+
+    @property
+    def flag(self) -> str:
+        return f"--moeperf-{self.name}"
+
+    @property
+    def ini(self) -> str:
+        return f"moeperf_{self.name.replace('-', '_')}"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("baselines", "baselines_dir", "directory of stored baselines, relative to the rootdir",
+           "DIR", Path, Path("baselines")),
+    Option("update", "update", "write or refresh this fingerprint's baselines from this run "
+           "(only the metrics that ran)", None, parse_bool, False),
+    Option("report", "report", "write a JSON report in the pytest-benchmark schema to PATH", "PATH", Path, None),
+    Option("markdown", "markdown", "write a Markdown summary to PATH (e.g. $GITHUB_STEP_SUMMARY)",
+           "PATH", Path, None),
+    Option("topology", "topology_file", "use a recorded or hand-written topology FILE instead of probing "
+           "(simulates another box: collection and markers behave as there, measurements skip)",
+           "FILE", Path, None),
+    Option("tolerance", "tolerance", "default relative tolerance of a metric, as a fraction",
+           "FRAC", parse_fraction, 0.10),
+    Option("server-url", "server_url", "attach to a running OpenAI-compatible vLLM server at URL "
+           "instead of launching one", "URL", parse_url, None),
+    Option("server-timeout", "server_timeout_s", "seconds to wait for a launched server's /health",
+           "SECONDS", parse_seconds, 600.0),
+    Option("rank-timeout", "rank_timeout_s", "seconds before a multi-process run is declared hung and killed",
+           "SECONDS", parse_seconds, 180.0),
+    Option("quick", "quick", "fewer cases and repetitions (smoke runs)", None, parse_bool, False),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every `moeperf` option, resolved once per session (CLI beats ini beats default)."""
+
+    baselines_dir: Path
+    update: bool
+    report: Path | None
+    markdown: Path | None
+    topology_file: Path | None
+    tolerance: float
+    server_url: str | None
+    server_timeout_s: float
+    rank_timeout_s: float
+    quick: bool
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("moeperf", "MoE inference performance regression tests")
+    for option in OPTIONS:
+        default_text = "off" if option.metavar is None else option.default
+        help_text = f"{option.help} (default: {default_text})"
+        if option.metavar is None:
+            group.addoption(option.flag, action="store_true", default=None, dest=option.ini, help=help_text)
+            parser.addini(option.ini, help_text, type="bool", default=option.default)
+        else:
+            group.addoption(option.flag, metavar=option.metavar, type=option.parse, default=None,
+                            dest=option.ini, help=help_text)
+            parser.addini(option.ini, help_text, default=None)
+
+
+def resolve(config: pytest.Config) -> Settings:
+    """CLI value, else ini value (parsed, errors name the ini key), else the default; paths against rootdir."""
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        value = config.getoption(option.ini)
+        if value is None:
+            raw = config.getini(option.ini)
+            if isinstance(raw, bool):
+                value = raw
+            elif raw in (None, ""):
+                value = option.default
+            else:
+                try:
+                    value = option.parse(str(raw))
+                except argparse.ArgumentTypeError as exc:
+                    raise pytest.UsageError(f"ini option {option.ini}: {exc}") from None
+        if isinstance(value, Path) and not value.is_absolute():
+            value = Path(config.rootpath) / value
+        values[option.field] = value
+    return Settings(**values)

