@@ -170,6 +170,8 @@ class BaselineStore:
 
 def load_tree(root: Path) -> dict[str, dict[str, BaselineEntry]]:
     """Every baseline under ``root``: ``{"<slug>/<suite>": {key: entry}}`` (for diffs and budgets)."""
+    if not root.is_dir():
+        raise BaselineError(f"baselines directory {root} does not exist")
     tree: dict[str, dict[str, BaselineEntry]] = {}
     for path in sorted(root.glob("*/*.json")):
         tree[f"{path.parent.name}/{path.stem}"] = dict(read_file(path).entries)
@@ -187,3 +189,38 @@ def parse_tree_texts(texts: Mapping[str, str]) -> dict[str, dict[str, BaselineEn
         where = f"{name}.json"
         tree[name] = {k: BaselineEntry.from_json(k, v, where) for k, v in data.get("metrics", {}).items()}
     return tree
+
+
+@dataclass(frozen=True)
+class Change:
+    """One metric that differs between two baseline trees."""
+
+    file: str  # "<slug>/<suite>"
+    key: str
+    kind: str  # added | removed | changed
+    unit: str
+    old: float | None
+    new: float | None
+
+    @property
+    def relative(self) -> float | None:
+        if self.old is None or self.new is None or self.old == 0:
+            return None
+        return (self.new - self.old) / abs(self.old)
+
+
+def diff_trees(old: Mapping[str, Mapping[str, BaselineEntry]],
+               new: Mapping[str, Mapping[str, BaselineEntry]]) -> list[Change]:
+    """What an update changed: metrics added, removed, or whose median moved."""
+    changes: list[Change] = []
+    for file in sorted(set(old) | set(new)):
+        before, after = old.get(file, {}), new.get(file, {})
+        for key in sorted(set(before) | set(after)):
+            a, b = before.get(key), after.get(key)
+            if a is None and b is not None:
+                changes.append(Change(file, key, "added", b.unit, None, b.summary.median))
+            elif b is None and a is not None:
+                changes.append(Change(file, key, "removed", a.unit, a.summary.median, None))
+            elif a is not None and b is not None and a.summary != b.summary:
+                changes.append(Change(file, key, "changed", b.unit, a.summary.median, b.summary.median))
+    return changes

@@ -93,6 +93,7 @@ class MoePerfSession:
             return rep
         payload: list[dict[str, Any]] = []
         problems: list[str] = []
+        lines: list[str] = []
         for measurement in perf.records:
             try:
                 verdict, baseline = self.judge(item, measurement)
@@ -105,15 +106,17 @@ class MoePerfSession:
             if verdict.status is Status.REGRESSED:
                 changes = software_changes(baseline, self.topology.software)
                 problems.append(line + (f"\n  {changes}" if changes else ""))
-            rep.sections.append(("moeperf", line))
+            lines.append(line)
         rep.user_properties.append((PROPERTY, payload))
         regressed = [p for p in problems if "-> REGRESSED" in p]
-        broken = [p for p in problems if "-> REGRESSED" not in p]
+        broken = list(dict.fromkeys(p for p in problems if "-> REGRESSED" not in p))
         if rep.passed and (broken or (regressed and not self.settings.update)):
             rep.outcome = "failed"
             head = (f"moeperf: {len(regressed)} metric(s) regressed against baselines/{self.fingerprint.slug}"
                     if regressed else "moeperf: baseline unusable")
             rep.longrepr = "\n".join([head] + ["  " + p for p in broken + regressed])
+        elif lines:
+            rep.sections.append(("moeperf metrics", "\n".join(lines)))
         return rep
 
     # ------------------------------------------------------------------------------------------ collecting

@@ -124,9 +124,12 @@ def add_options(parser: pytest.Parser) -> None:
 def resolve(config: pytest.Config) -> Settings:
     """CLI value, else ini value (parsed, errors name the ini key), else the default; paths against rootdir."""
     values: dict[str, Any] = {}
+    ini_dir = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
     for option in OPTIONS:
         value = config.getoption(option.ini)
+        base = Path.cwd()  # a path given on the command line is relative to where pytest was started
         if value is None:
+            base = ini_dir  # a path from the ini file (or the default) is relative to the ini file
             raw = config.getini(option.ini)
             if isinstance(raw, bool):
                 value = raw
@@ -138,6 +141,8 @@ def resolve(config: pytest.Config) -> Settings:
                 except argparse.ArgumentTypeError as exc:
                     raise pytest.UsageError(f"ini option {option.ini}: {exc}") from None
         if isinstance(value, Path) and not value.is_absolute():
-            value = Path(config.rootpath) / value
+            # a topology may also be a bundled name such as 8x-rtx-pro-6000-pcie: leave it as given
+            if option.field != "topology_file" or (base / value).exists():
+                value = base / value
         values[option.field] = value
     return Settings(**values)

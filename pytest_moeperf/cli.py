@@ -1,0 +1,117 @@
+"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``budget``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_moeperf import baselines, report, topology
+
+
+def _topology(args: argparse.Namespace) -> int:
+    try:
+        topo = topology.load_topology(args.topology) if args.topology else topology.probe()
+    except topology.TopologyError as exc:
+        print(f"moeperf topology: {exc}", file=sys.stderr)
+        return 2
+    if args.json is not None:
+        text = json.dumps(topo.to_json(), indent=2, sort_keys=True) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            baselines.atomic_write(Path(args.json), text)
+            print(f"wrote {args.json} ({topo.fingerprint.slug})")
+        return 0
+    print("\n".join(topology.render(topo)))
+    return 0
+
+
+def _git_tree(root: Path, rev: str) -> dict[str, str]:
+    """``{"<slug>/<suite>": text}`` of the baseline files under ``root`` at git revision ``rev``."""
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True)
+    if top.returncode != 0:
+        raise baselines.BaselineError(f"{root} is not inside a git checkout: pass --old DIR instead")
+    rel = root.resolve().relative_to(Path(top.stdout.strip()).resolve())
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "--", str(rel)], cwd=top.stdout.strip(),
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise baselines.BaselineError(f"git ls-tree {rev}: {listed.stderr.strip()}")
+    texts: dict[str, str] = {}
+    for name in listed.stdout.splitlines():
+        path = Path(name)
+        if path.suffix == ".json" and len(path.relative_to(rel).parts) == 2:
+            shown = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=top.stdout.strip(), capture_output=True,
+                                   text=True, check=True)
+            texts[f"{path.parent.name}/{path.stem}"] = shown.stdout
+    return texts
+
+
+def diff_markdown(changes: Sequence[baselines.Change], title: str) -> list[str]:
+    lines = [f"## Baseline changes: {title}", ""]
+    if not changes:
+        return lines + ["No baseline changed."]
+    counts = {k: sum(1 for c in changes if c.kind == k) for k in ("changed", "added", "removed")}
+    lines += [", ".join(f"{n} {k}" for k, n in counts.items() if n), ""]
+    rows = [(c.file, f"`{c.key.split('::', 1)[-1]}`", c.kind, "-" if c.old is None else f"{c.old:.4g}",
+             "-" if c.new is None else f"{c.new:.4g}", c.unit,
+             "-" if c.relative is None else f"{c.relative * 100:+.1f} %") for c in changes]
+    return lines + report.markdown_table(("fingerprint/suite", "metric", "what", "before", "after", "unit", "Δ"),
+                                         rows)
+
+
+def _diff(args: argparse.Namespace) -> int:
+    root = Path(args.baselines)
+    try:
+        new = baselines.load_tree(root)
+        if args.old:
+            old = baselines.load_tree(Path(args.old))
+            title = f"{args.old} → {root}"
+        else:
+            old = baselines.parse_tree_texts(_git_tree(root, args.rev))
+            title = f"{args.rev} → working tree"
+    except (baselines.BaselineError, subprocess.CalledProcessError) as exc:
+        print(f"moeperf baselines diff: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(diff_markdown(baselines.diff_trees(old, new), title)))
+    return 0
+
+
+def _budget(argv: list[str]) -> int:
+    from pytest_moeperf import budget
+
+    return int(budget.main_budget(argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moeperf", description="MoE inference performance regression tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    topo = sub.add_parser("topology", help="print this machine's GPUs, links and fingerprint")
+    topo.add_argument("--topology", metavar="FILE", help="read a topology file (or bundled name) instead of probing")
+    topo.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                      help="write the topology file format (to PATH, or stdout) that --moeperf-topology reads")
+    topo.set_defaults(func=_topology)
+    base = sub.add_parser("baselines", help="inspect stored baselines")
+    base_sub = base.add_subparsers(dest="action", required=True)
+    diff = base_sub.add_parser("diff", help="what an update changed, as Markdown")
+    diff.add_argument("--baselines", default="baselines", metavar="DIR", help="baselines directory (default: %(default)s)")
+    diff.add_argument("--rev", default="HEAD", help="git revision to compare against (default: %(default)s)")
+    diff.add_argument("--old", metavar="DIR", help="compare against another baselines directory instead of git")
+    diff.set_defaults(func=_diff)
+    sub.add_parser("budget", help="decode-step time budget from measured GEMMs and all-reduces", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["budget"]:
+        return _budget(args_list[1:])
+    args = build_parser().parse_args(args_list)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""The newcomer's workflow end to end, through real pytest sessions: NEW, update, PASS, REGRESSED, IMPROVED."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SYNTHETIC = """
+import os
+
+def test_decode_step(perf):
+    scale = float(os.environ.get("MOEPERF_TEST_SCALE", "1.0"))
+    base = [10.0, 10.1, 9.9, 10.05, 9.95, 10.02, 9.98]
+    perf.context(model="tiny", batch=1)
+    perf.record("latency", [x * scale for x in base], unit="ms", better="lower")
+    perf.record("throughput", [100.0 / scale], unit="tok/s", better="higher")
+
+def test_other(perf):
+    perf.record("gemm_time", [5.0, 5.1, 4.9], unit="us")
+"""
+
+
+def baseline_file(pytester: pytest.Pytester) -> Path:
+    files = list((pytester.path / "baselines").glob("*/test_synthetic.json"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+def test_new_update_pass_regress_improve(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_synthetic=SYNTHETIC)
+
+    first = run_moeperf()
+    first.assert_outcomes(passed=2)
+    first.stdout.fnmatch_lines(["*3 new*", "*test_synthetic.py::test_decode_step::latency*ms*NEW*"])
+    assert not (pytester.path / "baselines").exists(), "a plain run must not write baselines"
+
+    update = run_moeperf("--moeperf-update")
+    update.assert_outcomes(passed=2)
+    update.stdout.fnmatch_lines(["baselines updated: 3 metric(s)", "wrote *test_synthetic.json"])
+    stored = json.loads(baseline_file(pytester).read_text())
+    assert stored["schema"] == 1
+    latency = stored["metrics"]["test_synthetic.py::test_decode_step::latency"]
+    assert latency["summary"]["median"] == pytest.approx(10.0)
+    assert latency["summary"]["n"] == 7
+    assert latency["context"] == {"model": "tiny", "batch": 1}
+    assert {"date", "git_commit", "software", "fingerprint_hash"} <= set(latency["provenance"])
+    assert list(stored["metrics"]) == sorted(stored["metrics"]), "keys are sorted for diff-friendly files"
+
+    same = run_moeperf()
+    same.assert_outcomes(passed=2)
+    same.stdout.fnmatch_lines(["*3 pass*"])
+
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.2")
+    slower = run_moeperf()
+    slower.assert_outcomes(passed=1, failed=1)
+    slower.stdout.fnmatch_lines([
+        "*_ test_decode_step _*",
+        "moeperf: 2 metric(s) regressed against baselines/*",
+        "*latency: baseline 10 ms (n=7) -> current 12 ms (n=7), change +20.0 % ?lower is better; tolerance 10.0 %?"
+        " -> REGRESSED",
+        "*throughput: baseline 100 tok/s (n=1) -> current 83.33 tok/s (n=1), change -16.7 %*higher is better*REGRESSED",
+    ])
+    assert "FAILED test_synthetic.py::test_other" not in slower.stdout.str()
+
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "0.8")
+    faster = run_moeperf()
+    faster.assert_outcomes(passed=2)
+    faster.stdout.fnmatch_lines(["*2 improved*", "*refresh with --moeperf-update*"])
+
+
+def test_update_touches_only_what_ran_and_only_this_fingerprint(pytester: pytest.Pytester,  # type: ignore[no-untyped-def]
+                                                                 run_moeperf,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_synthetic=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    path = baseline_file(pytester)
+    other_fp = pytester.path / "baselines" / "2x-h200-nvlink" / "test_synthetic.json"
+    other_fp.parent.mkdir()
+    other_fp.write_text(path.read_text())
+    other_before = other_fp.read_bytes()
+    before = json.loads(path.read_text())["metrics"]
+
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "2.0")
+    run_moeperf("--moeperf-update", "-k", "test_decode_step").assert_outcomes(passed=1)
+    after = json.loads(path.read_text())["metrics"]
+    assert after["test_synthetic.py::test_other::gemm_time"] == before["test_synthetic.py::test_other::gemm_time"]
+    assert after["test_synthetic.py::test_decode_step::latency"]["summary"]["median"] == pytest.approx(20.0)
+    assert other_fp.read_bytes() == other_before
+    assert not list(path.parent.glob(".*.tmp")), "no temporary file left behind"
+
+
+def test_failed_test_metrics_are_not_written(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile("def test_t(perf):\n    perf.record('x', 1.0, unit='us')\n    assert False, 'broken'\n")
+    result = run_moeperf("--moeperf-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*1 metric(s) of failed tests were not written to the baselines*"])
+    assert not list((pytester.path / "baselines").glob("*/*.json"))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("{ not json", "is corrupt"), ('{"schema": 99, "metrics": {}}', "has schema 99"),
+     ('{"schema": 1, "metrics": {"k": {"summary": {}}}}', "is malformed")],
+)
+def test_corrupt_baseline_fails_the_test_naming_the_file_and_is_untouched(
+        pytester: pytest.Pytester, run_moeperf, content: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile(test_synthetic=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    path = baseline_file(pytester)
+    path.write_text(content)
+
+    result = run_moeperf()
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "moeperf: baseline unusable" in out and str(path) in out and message in out, out
+
+    update = run_moeperf("--moeperf-update")
+    assert update.ret != 0
+    assert "baseline unusable" in update.stdout.str() and str(path) in update.stdout.str()
+    assert path.read_text() == content
+
+
+def test_threshold_precedence_marker_cli_ini(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_thr="""
+        import os, pytest
+        S = float(os.environ.get("MOEPERF_TEST_SCALE", "1.0"))
+
+        def test_default(perf):
+            perf.record("t", [10 * S] * 5, unit="us")
+
+        @pytest.mark.moeperf_threshold(tolerance=0.5)
+        def test_marker(perf):
+            perf.record("t", [10 * S] * 5, unit="us")
+
+        def test_record_arg(perf):
+            perf.record("t", [10 * S] * 5, unit="us", tolerance=0.5)
+    """)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=3)
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.3")
+    run_moeperf().assert_outcomes(passed=2, failed=1)
+    run_moeperf("--moeperf-tolerance", "0.4").assert_outcomes(passed=3)
+    pytester.makeini("[pytest]\nmoeperf_tolerance = 0.4\n")
+    run_moeperf().assert_outcomes(passed=3)
+    pytester.makeini("[pytest]\nmoeperf_tolerance = lots\n")
+    bad = run_moeperf()
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*ini option moeperf_tolerance: expected a fraction such as 0.1, got 'lots'*"])
+    assert run_moeperf("--moeperf-tolerance", "-1").ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_reports_json_in_benchmark_schema_and_markdown(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile(test_synthetic=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    result = run_moeperf("--moeperf-report", "out/report.json", "--moeperf-markdown", "out/summary.md")
+    result.assert_outcomes(passed=2)
+    doc = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert {"machine_info", "commit_info", "benchmarks", "datetime", "version"} <= set(doc)
+    assert doc["machine_info"]["moeperf"]["fingerprint"].startswith("cpu-")
+    by_name = {b["fullname"]: b for b in doc["benchmarks"]}
+    lat = by_name["test_synthetic.py::test_decode_step::latency"]
+    assert lat["stats"]["median"] == pytest.approx(10.0) and lat["stats"]["rounds"] == 7
+    assert {"min", "max", "mean", "stddev", "iqr", "q1", "q3", "ops", "data"} <= set(lat["stats"])
+    assert lat["extra_info"]["verdict"] == "PASS" and lat["extra_info"]["unit"] == "ms"
+    assert lat["params"] == {"model": "tiny", "batch": 1}
+    md = (pytester.path / "out" / "summary.md").read_text()
+    assert md.startswith("## moeperf: cpu-")
+    assert "| `test_synthetic.py::test_decode_step::latency` | ms | 10 | 10 | +0.0 % | 10 % | ✅ PASS |" in md
+
+
+def test_results_from_xdist_workers_are_merged(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_synthetic=SYNTHETIC)
+    result = run_moeperf("-n", "2", "--moeperf-update", "--moeperf-report", "r.json")
+    result.assert_outcomes(passed=2)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert len(doc["benchmarks"]) == 3
+    assert len(json.loads(baseline_file(pytester).read_text())["metrics"]) == 3

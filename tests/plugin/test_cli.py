@@ -1,0 +1,74 @@
+"""The ``moeperf`` command, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_moeperf import topology
+
+
+def moeperf(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_moeperf.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_topology_prints_this_machine_and_its_fingerprint() -> None:
+    done = moeperf("topology")
+    assert done.returncode == 0, done.stderr
+    assert f"fingerprint: {topology.probe().fingerprint.slug}" in done.stdout
+
+
+def test_topology_json_is_what_the_plugin_reads_back(tmp_path: Path) -> None:
+    out = tmp_path / "box.json"
+    done = moeperf("topology", "--topology", "8x-rtx-pro-6000-pcie", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert topology.load_topology(out).fingerprint.slug == "8x-rtx-pro-6000-pcie"
+    table = moeperf("topology", "--topology", str(out)).stdout
+    assert "GPU7" in table and "SYS" in table and "interconnect: pcie" in table
+
+
+def test_topology_rejects_a_bad_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    done = moeperf("topology", "--topology", str(bad))
+    assert done.returncode == 2 and "expected a JSON object" in done.stderr
+
+
+def test_baselines_diff_against_git_shows_the_update(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    folder = tmp_path / "baselines" / "cpu-x"
+    folder.mkdir(parents=True)
+
+    def write(value: float) -> None:
+        metric = {"test": "t.py::a", "name": "lat", "unit": "us", "better": "lower",
+                  "summary": {"n": 1, "median": value, "mean": value, "min": value, "max": value, "stddev": 0.0,
+                              "iqr": 0.0, "q1": value, "q3": value, "ci_low": value, "ci_high": value}}
+        (folder / "test_s.json").write_text(json.dumps({"schema": 1, "metrics": {"t.py::a::lat": metric}}))
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    write(10.0)
+    git("add", ".")
+    git("commit", "-qm", "base")
+    write(12.5)
+    done = moeperf("baselines", "diff", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "| cpu-x/test_s | `a::lat` | changed | 10 | 12.5 | us | +25.0 % |" in done.stdout
+
+
+def test_baselines_diff_names_a_missing_directory(tmp_path: Path) -> None:
+    done = moeperf("baselines", "diff", "--baselines", str(tmp_path / "nope"), "--old", str(tmp_path))
+    assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["frobnicate"]])
+def test_unknown_command_is_a_usage_error(args: list[str]) -> None:
+    assert moeperf(*args).returncode == 2

@@ -1,0 +1,106 @@
+"""Markers and the topology fixture on a loaded topology file (the 8x RTX PRO 6000 PCIe box)."""
+
+from __future__ import annotations
+
+import pytest
+
+MARKED_TESTS = """
+import pytest
+
+@pytest.mark.gpus(8)
+@pytest.mark.interconnect("pcie")
+def test_eight_pcie(topology):
+    assert topology.gpu_count == 8
+    assert topology.interconnect == "pcie"
+    assert topology.simulated
+
+@pytest.mark.gpus(16)
+def test_sixteen():
+    pass
+
+@pytest.mark.interconnect("nvlink")
+def test_nvlink():
+    pass
+
+@pytest.mark.compute_capability(12, 0)
+@pytest.mark.arch("sm120")
+def test_blackwell(topology):
+    assert topology.compute_capability == (12, 0)
+
+@pytest.mark.compute_capability(13)
+def test_future():
+    pass
+
+@pytest.mark.requires("surely_not_a_module_xyz")
+def test_needs_module():
+    pass
+
+@pytest.mark.requires("json")
+def test_has_json():
+    pass
+
+def test_fingerprint(topology):
+    assert topology.fingerprint.slug == "8x-rtx-pro-6000-pcie"
+"""
+
+
+def test_simulated_box_collects_and_skips_by_markers(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile(test_marked=MARKED_TESTS)
+    result = run_moeperf("--strict-markers", "-rs", "--moeperf-topology", "8x-rtx-pro-6000-pcie")
+    result.assert_outcomes(passed=4, skipped=4)
+    result.stdout.fnmatch_lines_random([
+        "*test_marked.py:*: requires 16 GPU(s), found 8 GPU(s) (NVIDIA RTX PRO 6000 Blackwell Server Edition)",
+        "*requires a nvlink interconnect, found pcie*",
+        "*requires compute capability >= 13.0, found 12.0*",
+        "*requires importable module(s) surely_not_a_module_xyz, not installed*",
+    ])
+    result.stdout.fnmatch_lines(["moeperf: 8x-rtx-pro-6000-pcie (hash *), 8x NVIDIA RTX PRO 6000*interconnect pcie,"
+                                 " simulated*"])
+
+
+def test_gpu_markers_skip_without_gpus_on_a_cpu_topology(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    topo = pytester.path / "cpu.json"
+    topo.write_text('{"schema": 1, "gpus": [], "links": [], "host": {"cpu_model": "Test CPU", "arch": "x86_64",'
+                    ' "cores": 2, "memory_bytes": 25769803776}}')
+    pytester.makepyfile(test_marked=MARKED_TESTS)
+    result = run_moeperf("-rs", "--moeperf-topology", str(topo))
+    result.assert_outcomes(passed=1, failed=1, skipped=6)  # fingerprint test fails: cpu slug
+    result.stdout.fnmatch_lines(["*requires 8 GPU(s), found 0 GPU(s)*"])
+
+
+def test_perf_record_on_a_simulated_topology_skips(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile("def test_t(perf):\n    perf.record('latency', 1.0, unit='us')\n")
+    result = run_moeperf("-rs", "--moeperf-topology", "8x-rtx-pro-6000-pcie", "--moeperf-update")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*topology is simulated*measurements need the real devices*"])
+    assert not (pytester.path / "baselines").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "not valid JSON"),
+        ('{"schema": 1, "gpus": [{"name": "X"}]}', "gpus[0]: missing field 'compute_capability'"),
+        ('{"schema": 1, "gpus": [{"name": "X", "compute_capability": [9, 0]},'
+         ' {"name": "X", "compute_capability": [9, 0]}], "links": []}', "links missing for GPU pair(s) [(0, 1)]"),
+        ('{"schema": 1, "gpus": [{"name": "X", "compute_capability": [9, 0]}, {"name": "X",'
+         ' "compute_capability": [9, 0]}], "links": [{"a": 0, "b": 1, "kind": "WIRE"}]}', "kind 'WIRE' is not one of"),
+        ('{"schema": 7, "gpus": []}', "schema 7 is not supported"),
+    ],
+)
+def test_bad_topology_file_is_a_usage_error(pytester: pytest.Pytester, run_moeperf, content: str,  # type: ignore[no-untyped-def]
+                                            message: str) -> None:
+    bad = pytester.path / "bad.json"
+    bad.write_text(content)
+    pytester.makepyfile("def test_t():\n    pass\n")
+    result = run_moeperf("--moeperf-topology", str(bad))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "--moeperf-topology: " in err and "bad.json" in err and message in err, err
+
+
+def test_missing_topology_file_names_the_bundled_ones(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile("def test_t():\n    pass\n")
+    result = run_moeperf("--moeperf-topology", "no-such-box")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*'no-such-box' not found (bundled names: 8x-rtx-pro-6000-pcie*"])
