@@ -50,7 +50,8 @@ class BaselineEntry:
     @classmethod
     def from_json(cls, key: str, data: Mapping[str, Any], where: str) -> BaselineEntry:
         try:
-            summary = Summary(**{k: (int(v) if k == "n" else float(v)) for k, v in data["summary"].items()})
+            raw = dict(data["summary"])
+            summary = Summary(n=int(raw.pop("n")), **{k: float(v) for k, v in raw.items()})
             return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
                        better=str(data["better"]), summary=summary, context=dict(data.get("context", {})),
                        provenance=dict(data.get("provenance", {})))

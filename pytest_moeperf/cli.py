@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     base = sub.add_parser("baselines", help="inspect stored baselines")
     base_sub = base.add_subparsers(dest="action", required=True)
     diff = base_sub.add_parser("diff", help="what an update changed, as Markdown")
-    diff.add_argument("--baselines", default="baselines", metavar="DIR", help="baselines directory (default: %(default)s)")
+    diff.add_argument("--baselines", default="baselines", metavar="DIR",
+                      help="baselines directory (default: %(default)s)")
     diff.add_argument("--rev", default="HEAD", help="git revision to compare against (default: %(default)s)")
     diff.add_argument("--old", metavar="DIR", help="compare against another baselines directory instead of git")
     diff.set_defaults(func=_diff)

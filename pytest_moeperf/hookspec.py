@@ -36,6 +36,6 @@ def pytest_moeperf_verdict(config: pytest.Config, measurement: Measurement, base
 
 
 @pytest.hookspec
-def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:
+def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:  # type: ignore[empty-body]
     """Return extra tables for the reports, built from this session's measurements (e.g. a decode-step budget).
     Results of all implementations are shown, in registration order."""

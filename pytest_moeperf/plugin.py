@@ -8,7 +8,9 @@ from collections.abc import Generator
 
 import pytest
 
-from pytest_moeperf import hookspec, settings as settings_mod, topology as topology_mod
+from pytest_moeperf import hookspec
+from pytest_moeperf import settings as settings_mod
+from pytest_moeperf import topology as topology_mod
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.session import MoePerfSession, perf_key
 from pytest_moeperf.settings import Settings

@@ -125,7 +125,7 @@ def benchmark_json(verdicts: Sequence[Verdict], contexts: dict[str, dict[str, An
         "machine_info": machine_info,
         "commit_info": commit_info,
         "benchmarks": benchmarks,
-        "datetime": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "datetime": dt.datetime.now(dt.UTC).isoformat(),
         "version": BENCHMARK_JSON_VERSION,
         "moeperf": {"sections": [{"title": x.title, "columns": list(x.columns), "rows": [list(r) for r in x.rows],
                                   "note": x.note} for x in sections]},

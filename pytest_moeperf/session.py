@@ -126,7 +126,8 @@ class MoePerfSession:
         for name, payload in report.user_properties:
             if name != PROPERTY:
                 continue
-            for entry in payload:
+            entries: list[dict[str, Any]] = payload  # type: ignore[assignment]
+            for entry in entries:
                 measurement = Measurement.from_json(entry["measurement"])
                 self.measurements.append(measurement)
                 self.verdicts.append(Verdict.from_json(entry["verdict"]))
@@ -136,7 +137,7 @@ class MoePerfSession:
     # ------------------------------------------------------------------------------------------ finishing
     def provenance(self) -> dict[str, Any]:
         commit = git_commit_info(Path(self.config.rootpath))
-        return {"date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+        return {"date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
                 "git_commit": commit["id"], "git_dirty": commit["dirty"], "software": dict(self.topology.software),
                 "driver": self.topology.driver_version, "cuda": self.topology.cuda_version,
                 "fingerprint_hash": self.fingerprint.hash}
@@ -156,8 +157,9 @@ class MoePerfSession:
         if hasattr(self.config, "workerinput"):
             return  # an xdist worker: the controller stores and reports
         try:
-            for result in self.config.hook.pytest_moeperf_report_sections(config=self.config,
-                                                                          measurements=list(self.measurements)):
+            results: list[list[Section]] = self.config.hook.pytest_moeperf_report_sections(
+                config=self.config, measurements=list(self.measurements))
+            for result in results:
                 self.sections.extend(result)
         except Exception as exc:  # noqa: BLE001 - a broken extra table must not lose the run's results
             self.errors.append(f"report sections failed: {type(exc).__name__}: {exc}")
@@ -216,8 +218,8 @@ class MoePerfSession:
         for line in report.terminal_lines(self.verdicts, self.sections, self.header()):
             terminalreporter.write_line(line)
         if self.settings.update:
-            terminalreporter.write_line(f"baselines updated: {len({m.key for m in self.measurements} & self.passed_keys)}"
-                                        " metric(s)")
+            updated = {m.key for m in self.measurements} & self.passed_keys
+            terminalreporter.write_line(f"baselines updated: {len(updated)} metric(s)")
         for path in self.written:
             terminalreporter.write_line(f"wrote {path}")
         for error in self.errors:

@@ -215,7 +215,7 @@ def probe_software(with_nccl: bool) -> dict[str, str]:
         try:
             import torch
 
-            nccl = torch.cuda.nccl.version()
+            nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
             versions["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
             if torch.version.cuda:
                 versions["torch_cuda"] = str(torch.version.cuda)
@@ -423,7 +423,8 @@ def render(topo: Topology) -> list[str]:
         lines.append(f"GPU{a.index:<3}" + "".join(f"{c:>8}" for c in cells))
     p2p = [f"{x.a}-{x.b}" for x in topo.links if not x.p2p]
     lines.append("")
-    lines.append(f"interconnect: {topo.interconnect}; P2P: {'all pairs' if not p2p else 'not between ' + ', '.join(p2p)}")
+    p2p_text = "all pairs" if not p2p else "not between " + ", ".join(p2p)
+    lines.append(f"interconnect: {topo.interconnect}; P2P: {p2p_text}")
     lines.append("legend: NV# = NVLink lanes; PIX/PXB = PCIe switch(es); PHB = host bridge; NODE = same NUMA node; "
                  "SYS = across NUMA nodes")
     return lines
