@@ -1,0 +1,425 @@
+"""All-reduce backends measured on N ranks: message sizes, correctness check, timing, nccl-tests bandwidths.
+
+:func:`measure_allreduce` runs inside every rank of a :class:`~pytest_moeperf.ranks.RankGroup` (the ``ranks``
+fixture). It builds one backend, checks that the sum is right on random data, then times it:
+
+* ``graph`` (GPU): a CUDA graph of back-to-back all-reduces replayed with events around each replay
+  (:func:`pytest_moeperf.timing.time_cuda_graph`), the figure a captured decode step sees;
+* ``eager``: events around each eagerly launched call on the GPU (launch gaps included), or wall time of each
+  call on the CPU (gloo).
+
+Backends: ``gloo`` (CPU processes), ``nccl``, torch symmetric memory ``symm_mem_one_shot`` /
+``symm_mem_two_shot`` (P2P loads, never NVLink multicast) and ``vllm_custom`` (vLLM's custom all-reduce, when
+importable). Every rank returns its per-call samples; the suite keeps the slowest rank (largest median), as a
+collective finishes when its last rank does. Bandwidths follow nccl-tests: ``algbw = bytes / time`` and, for
+all-reduce, ``busbw = algbw × 2(n−1)/n``.
+
+Timing loops must issue the same number of collectives on every rank, so every count here is derived from the
+task's arguments (or agreed with an all-reduce of a max), never from a rank's own clock.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import pytest
+
+from pytest_moeperf import timing
+from pytest_moeperf.models import allreduces_per_step, get_model
+from pytest_moeperf.ranks import Backend, Rank, ranks
+from pytest_moeperf.records import Measurement, Section
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BACKENDS",
+    "AllReduceBackend",
+    "AllReduceTask",
+    "Message",
+    "RankResult",
+    "algbw_gbps",
+    "bus_factor",
+    "busbw_gbps",
+    "decode_messages",
+    "measure_allreduce",
+    "power_of_two_sizes",
+    "pytest_moeperf_report_sections",
+    "ranks",
+    "slowest_rank",
+]
+
+Mode = Literal["graph", "eager"]
+
+
+# ------------------------------------------------------------------------------------------------ formulas
+
+
+def algbw_gbps(nbytes: int, latency_us: float) -> float:
+    """Algorithm bandwidth in GB/s (10⁹ B/s): the message size over the time of one all-reduce."""
+    if latency_us <= 0:
+        raise ValueError(f"latency must be > 0 us, got {latency_us}")
+    return nbytes / (latency_us * 1e-6) / 1e9
+
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce bus-bandwidth factor ``2(n−1)/n``: the data each rank sends over its link,
+    relative to the message, in a bandwidth-optimal all-reduce (0 for one rank)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    return 2.0 * (world_size - 1) / world_size
+
+
+def busbw_gbps(algbw: float, world_size: int) -> float:
+    """Bus bandwidth in GB/s of an all-reduce on ``world_size`` ranks: ``algbw × 2(n−1)/n``."""
+    return algbw * bus_factor(world_size)
+
+
+# ------------------------------------------------------------------------------------------------ sizes
+
+
+@dataclass(frozen=True)
+class Message:
+    """One all-reduce size to measure; ``batch`` is set for a model's decode message."""
+
+    nbytes: int
+    batch: int | None = None
+
+    @property
+    def id(self) -> str:
+        size = _format_bytes(self.nbytes)
+        return f"decode-b{self.batch}-{size}" if self.batch is not None else f"sweep-{size}"
+
+
+def _format_bytes(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def decode_messages(model: str, batches: Sequence[int], *, tp: int) -> list[Message]:
+    """The all-reduce message of one decode step of ``model`` at each batch size (``batch × hidden × 2`` B)."""
+    spec = get_model(model)
+    return [Message(allreduces_per_step(spec, tp, batch).bytes_each, batch) for batch in batches]
+
+
+def power_of_two_sizes(lo: int, hi: int, *, step: int = 2) -> list[Message]:
+    """``lo, lo·step, …`` up to ``hi`` bytes (both powers of two)."""
+    if lo < 1 or hi < lo or step < 2:
+        raise ValueError(f"need 1 <= lo <= hi and step >= 2, got lo={lo}, hi={hi}, step={step}")
+    sizes: list[Message] = []
+    size = lo
+    while size <= hi:
+        sizes.append(Message(size))
+        size *= step
+    return sizes
+
+
+# ------------------------------------------------------------------------------------------------ backends
+
+
+@dataclass(frozen=True)
+class AllReduceBackend:
+    """An all-reduce implementation: the process-group backend its ranks need and the modes it is timed in."""
+
+    name: str
+    process_group: Backend
+    modes: tuple[Mode, ...]
+    description: str
+
+
+BACKENDS: dict[str, AllReduceBackend] = {
+    b.name: b
+    for b in (
+        AllReduceBackend("gloo", "gloo", ("eager",), "torch.distributed gloo on CPU processes"),
+        AllReduceBackend("nccl", "nccl", ("graph", "eager"), "torch.distributed NCCL"),
+        AllReduceBackend("symm_mem_one_shot", "nccl", ("graph", "eager"),
+                         "torch symmetric memory one_shot_all_reduce (P2P loads, no multicast)"),
+        AllReduceBackend("symm_mem_two_shot", "nccl", ("graph", "eager"),
+                         "torch symmetric memory two_shot_all_reduce_ (P2P, in place, no multicast)"),
+        AllReduceBackend("vllm_custom", "nccl", ("graph", "eager"),
+                         "vLLM CustomAllreduce, unregistered input (one staging copy per call)"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class AllReduceTask:
+    """What every rank is asked to do (pickled to the ranks)."""
+
+    backend: str
+    nbytes: int
+    capacity_bytes: int  # the largest message this backend will be asked for (symmetric / IPC buffers)
+    quick: bool = False
+    seed: int = 0
+    cpu_budget_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """One rank's outcome: per-call samples (µs) per mode, or why the backend cannot run here."""
+
+    rank: int
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    dtype: str = ""
+    unsupported: str = ""
+    info: dict[str, str] = field(default_factory=dict)
+
+
+class _Unsupported(Exception):
+    """The backend cannot run on this machine; the suite skips with this reason."""
+
+
+@dataclass
+class _Impl:
+    """A ready backend: ``source`` is filled by the caller, ``run()`` all-reduces it and returns the result."""
+
+    source: torch.Tensor
+    run: Callable[[], torch.Tensor]
+    info: dict[str, str] = field(default_factory=dict)
+
+
+_CACHE: dict[str, Any] = {}  # per rank process: objects that must be created once (groups, IPC buffers)
+
+
+def _build(rank: Rank, task: AllReduceTask) -> _Impl:
+    import torch
+    import torch.distributed as dist
+
+    dtype = torch.bfloat16  # the model's activations; gloo sums bf16 too
+    numel = task.nbytes // torch.tensor([], dtype=dtype).element_size()
+    device = rank.device
+    if task.backend in ("gloo", "nccl"):
+        buf = torch.zeros(numel, dtype=dtype, device=device)
+
+        def run_pg() -> torch.Tensor:
+            dist.all_reduce(buf)
+            return buf
+
+        info: dict[str, str] = {}
+        if task.backend == "nccl":
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
+        return _Impl(buf, run_pg, info)
+    if task.backend.startswith("symm_mem_"):
+        return _build_symm_mem(rank, task, numel, dtype)
+    if task.backend == "vllm_custom":
+        return _build_vllm(rank, task, numel, dtype)
+    raise ValueError(f"unknown all-reduce backend {task.backend!r}; known: {', '.join(BACKENDS)}")
+
+
+def _build_symm_mem(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dtype) -> _Impl:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError as exc:
+        raise _Unsupported(f"torch.distributed._symmetric_memory is not importable: {exc}") from None
+    op_name = "one_shot_all_reduce" if task.backend == "symm_mem_one_shot" else "two_shot_all_reduce_"
+    if not hasattr(torch.ops.symm_mem, op_name):
+        raise _Unsupported(f"torch {torch.__version__} has no torch.ops.symm_mem.{op_name}")
+    group = dist.group.WORLD
+    assert group is not None
+    group_name = group.group_name
+    key = f"symm_mem:{task.capacity_bytes}"
+    if key not in _CACHE:
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is not None:  # deprecated (a no-op) in recent torch, required in older ones
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                enable(group_name)
+        capacity = task.capacity_bytes // torch.tensor([], dtype=dtype).element_size()
+        buffer = symm_mem.empty(capacity, dtype=dtype, device=rank.device)
+        handle = symm_mem.rendezvous(buffer, group_name)
+        for old in [k for k in _CACHE if k.startswith("symm_mem:")]:
+            del _CACHE[old]  # a buffer of another capacity
+        _CACHE[key] = (buffer, handle)
+    buffer, _handle = _CACHE[key]
+    view = buffer[:numel]
+    op = getattr(torch.ops.symm_mem, op_name)
+
+    def run_symm() -> torch.Tensor:
+        out = op(view, "sum", group_name)
+        return view if out is None else out  # type: ignore[no-any-return]
+
+    get_backend = getattr(symm_mem, "get_backend", None)
+    info = {"symm_mem_backend": str(get_backend(rank.device))} if get_backend is not None else {}
+    return _Impl(view, run_symm, info)
+
+
+def _build_vllm(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dtype) -> _Impl:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from vllm.distributed.device_communicators.custom_all_reduce import CustomAllreduce
+    except Exception as exc:  # noqa: BLE001 - vLLM fails to import in many ways (ImportError, RuntimeError, ...)
+        raise _Unsupported(f"vLLM's custom all-reduce is not importable: {type(exc).__name__}: {exc}") from None
+    key = f"vllm:{task.capacity_bytes}"
+    if key not in _CACHE:
+        cpu_group = _CACHE.get("gloo_group") or dist.new_group(backend="gloo")
+        _CACHE["gloo_group"] = cpu_group
+        # vLLM takes inputs strictly smaller than max_size; keep 1 MiB of headroom.
+        _CACHE[key] = CustomAllreduce(cpu_group, rank.device, max_size=task.capacity_bytes + (1 << 20))
+    comm = _CACHE[key]
+    if comm.disabled:
+        raise _Unsupported("vLLM disabled its custom all-reduce on this machine (see its log: world size, "
+                           "NVLink / P2P checks)")
+    source = torch.zeros(numel, dtype=dtype, device=rank.device)
+    out = torch.empty_like(source)
+
+    def run_vllm() -> torch.Tensor:
+        comm.all_reduce(source, out=out, registered=False)
+        return out
+
+    return _Impl(source, run_vllm, {})
+
+
+# ------------------------------------------------------------------------------------------------ check
+
+
+_PERIOD = 4099  # a prime: a chunk put at the wrong offset does not line up with the expected pattern
+
+
+def _check_sum(rank: Rank, task: AllReduceTask, impl: _Impl) -> None:
+    """All-reduce random integers (exact in bf16) and compare with the sum every rank can compute itself."""
+    import torch
+
+    numel = impl.source.numel()
+    gen = torch.Generator().manual_seed(task.seed)
+    bases = [torch.randint(-8, 9, (_PERIOD,), generator=gen) for _ in range(rank.world_size)]
+    reps = math.ceil(numel / _PERIOD)
+
+    def tiled(base: torch.Tensor) -> torch.Tensor:
+        return base.to(device=impl.source.device, dtype=impl.source.dtype).repeat(reps)[:numel]
+
+    impl.source.copy_(tiled(bases[rank.rank]))
+    result = impl.run().reshape(-1)[:numel]
+    expected = tiled(torch.stack(bases).sum(0))
+    wrong = (result != expected).nonzero()
+    if wrong.numel():
+        first = int(wrong[0, 0])
+        raise AssertionError(
+            f"rank {rank.rank}: {task.backend} all-reduce of {task.nbytes} B on {rank.world_size} ranks gave a "
+            f"wrong sum at {wrong.shape[0]} of {numel} elements (first at index {first}: got "
+            f"{float(result[first])}, expected {float(expected[first])})")
+    impl.source.zero_()  # timed calls sum zeros: values stay finite however many calls run
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+
+def _agree_max(rank: Rank, value: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=rank.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _time_cpu(rank: Rank, task: AllReduceTask, impl: _Impl) -> list[float]:
+    import torch.distributed as dist
+
+    probe = []
+    for _ in range(10):
+        start = time.perf_counter()
+        impl.run()
+        probe.append(time.perf_counter() - start)
+    per_call_s = _agree_max(rank, statistics.median(probe))
+    budget = task.cpu_budget_s * (0.3 if task.quick else 1.0)
+    iters = max(30, min(3000, int(budget / max(per_call_s, 1e-7))))
+    dist.barrier()
+    return timing.time_cpu(impl.run, iters=iters, warmup=5, min_time_s=0.0)
+
+
+def _gpu_counts(nbytes: int, quick: bool) -> tuple[int, int, int]:
+    """(calls per graph, replays, eager iterations) from the size alone, so every rank gets the same."""
+    est_us = 10.0 + nbytes / 50e3  # a pessimistic guess: 10 µs + 50 GB/s
+    calls = max(1, min(100, int(2_000 / est_us)))
+    replays = max(10, min(100, int(200_000 / (calls * est_us))))
+    eager = max(20, min(500, int(200_000 / est_us)))
+    if quick:
+        replays, eager = max(5, replays // 4), max(10, eager // 4)
+    return calls, replays, eager
+
+
+def _time_gpu(rank: Rank, task: AllReduceTask, impl: _Impl, mode: Mode) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    calls, replays, eager = _gpu_counts(task.nbytes, task.quick)
+    torch.cuda.synchronize()
+    dist.barrier()
+    if mode == "graph":
+        return timing.time_cuda_graph(impl.run, calls_per_graph=calls, replays=replays, warmup=3)
+    return timing.time_eager_cuda(impl.run, iters=eager, warmup=10)
+
+
+def measure_allreduce(rank: Rank, task: AllReduceTask) -> RankResult:
+    """Run in every rank: build ``task.backend``, check the sum, time each of its modes."""
+    import torch
+
+    try:
+        impl = _build(rank, task)
+    except _Unsupported as exc:
+        return RankResult(rank.rank, unsupported=str(exc))
+    _check_sum(rank, task, impl)
+    samples: dict[str, list[float]] = {}
+    for mode in BACKENDS[task.backend].modes:
+        if rank.backend == "gloo":
+            samples[mode] = _time_cpu(rank, task, impl)
+        else:
+            samples[mode] = _time_gpu(rank, task, impl, mode)
+    info = dict(impl.info, torch=torch.__version__)
+    return RankResult(rank.rank, samples, str(impl.source.dtype).removeprefix("torch."), info=info)
+
+
+def slowest_rank(per_rank: Sequence[Sequence[float]]) -> tuple[int, list[float]]:
+    """The rank with the largest median per-call time and its samples: a collective ends with its last rank."""
+    if not per_rank:
+        raise ValueError("no ranks")
+    index = max(range(len(per_rank)), key=lambda r: statistics.median(per_rank[r]))
+    return index, list(per_rank[index])
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:
+    """One table of every all-reduce measured: latency, algbw and busbw (medians) per backend, mode and size."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for m in measurements:
+        if m.context.get("op") != "allreduce" or "_" not in m.name:
+            continue
+        metric, mode = m.name.rsplit("_", 1)
+        row = rows.setdefault((m.test_id, mode), {"ctx": m.context, "mode": mode})
+        row[metric] = statistics.median(m.samples)
+    if not rows:
+        return []
+    table = []
+    for (_test, mode), row in sorted(rows.items(), key=lambda kv: _row_order(kv[1])):
+        ctx = row["ctx"]
+        table.append((ctx.get("backend"), ctx.get("world"), ctx.get("bytes"), ctx.get("batch") or "", mode,
+                      _round(row.get("latency")), _round(row.get("algbw")), _round(row.get("busbw"))))
+    return [Section("All-reduce (median; busbw = algbw x 2(n-1)/n)",
+                    ("backend", "ranks", "bytes", "batch", "mode", "latency us", "algbw GB/s", "busbw GB/s"),
+                    tuple(table))]
+
+
+def _row_order(row: dict[str, Any]) -> tuple[str, str, int]:
+    ctx = row["ctx"]
+    return (str(ctx.get("backend")), str(row["mode"]), int(ctx.get("bytes") or 0))
+
+
+def _round(value: float | None) -> float | str:
+    if value is None:
+        return ""
+    return round(value, 3) if value < 100 else round(value, 1)
