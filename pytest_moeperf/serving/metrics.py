@@ -1,0 +1,193 @@
+"""Pure serving metrics with the definitions of ``vllm bench serve``.
+
+Per request: TTFT = first token-bearing chunk - send time; E2EL = last chunk - send time;
+TPOT = (E2EL - TTFT) / (output_tokens - 1) when more than one token came back; ITL = the gaps between
+token-bearing chunks, pooled over requests (a chunk may carry several tokens under speculative decoding,
+so gate on TPOT there). Over the measured window: request, output and total token throughput divide by the
+window's wall time; goodput counts the requests that meet every given SLO (a request with one output token
+has TPOT 0 for that purpose, as in vLLM). Percentiles interpolate linearly between order statistics
+(numpy's default); std is the population standard deviation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "RequestOutcome",
+    "ServingMetrics",
+    "Slo",
+    "Summary",
+    "compute",
+    "latency_samples",
+    "percentile",
+    "summarize",
+]
+
+DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """What the client saw for one request. Times are seconds; ``start_s`` is relative to the window."""
+
+    success: bool
+    prompt_tokens: int
+    output_tokens: int = 0
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    itl_s: tuple[float, ...] = ()
+    start_s: float = 0.0
+    error: str = ""
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, or None for a request with at most one token."""
+        if not self.success or self.output_tokens <= 1:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives in milliseconds; None leaves that metric out of goodput."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"Slo.{name} must be > 0 ms, got {value!r}")
+
+    def met_by(self, outcome: RequestOutcome) -> bool:
+        if not outcome.success:
+            return False
+        checks = (
+            (self.ttft_ms, outcome.ttft_s),
+            (self.tpot_ms, outcome.tpot_s or 0.0),
+            (self.e2el_ms, outcome.latency_s),
+        )
+        return all(limit is None or value * 1000.0 <= limit for limit, value in checks)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean, median, population std and percentiles of one metric, in the unit of its samples."""
+
+    count: int
+    mean: float
+    median: float
+    std: float
+    percentiles: tuple[tuple[float, float], ...]
+
+    def p(self, q: float) -> float:
+        for key, value in self.percentiles:
+            if key == q:
+                return value
+        raise KeyError(f"percentile {q} was not computed; have {[k for k, _ in self.percentiles]}")
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    """Everything ``vllm bench serve`` reports for one measured window (latencies in ms)."""
+
+    duration_s: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    request_goodput: float | None
+    ttft_ms: Summary
+    tpot_ms: Summary
+    itl_ms: Summary
+    e2el_ms: Summary
+    errors: tuple[str, ...]
+
+    @property
+    def failed_rate(self) -> float:
+        total = self.completed + self.failed
+        return self.failed / total if total else 0.0
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default method); 0.0 for no samples, as vLLM reports."""
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    frac = rank - low
+    return ordered[low] + (ordered[high] - ordered[low]) * frac
+
+
+def summarize(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Summary:
+    if not samples:
+        return Summary(0, 0.0, 0.0, 0.0, tuple((q, 0.0) for q in percentiles))
+    mean = math.fsum(samples) / len(samples)
+    var = math.fsum((x - mean) ** 2 for x in samples) / len(samples)
+    return Summary(
+        count=len(samples),
+        mean=mean,
+        median=percentile(samples, 50.0),
+        std=math.sqrt(var),
+        percentiles=tuple((q, percentile(samples, q)) for q in percentiles),
+    )
+
+
+def compute(
+    outcomes: Sequence[RequestOutcome],
+    duration_s: float,
+    slo: Slo | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> ServingMetrics:
+    """Metrics of one measured window. ``duration_s`` is the window's wall time (first send to last reply)."""
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    ok = [o for o in outcomes if o.success]
+    failed = [o for o in outcomes if not o.success]
+    ms = 1000.0
+    ttfts = [o.ttft_s * ms for o in ok]
+    tpots = [t * ms for o in ok if (t := o.tpot_s) is not None]
+    itls = [gap * ms for o in ok for gap in o.itl_s]
+    e2els = [o.latency_s * ms for o in ok]
+    total_in = sum(o.prompt_tokens for o in ok)
+    total_out = sum(o.output_tokens for o in ok)
+    goodput = None if slo is None else sum(1 for o in ok if slo.met_by(o)) / duration_s
+    return ServingMetrics(
+        duration_s=duration_s,
+        completed=len(ok),
+        failed=len(failed),
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        request_throughput=len(ok) / duration_s,
+        output_throughput=total_out / duration_s,
+        total_token_throughput=(total_in + total_out) / duration_s,
+        request_goodput=goodput,
+        ttft_ms=summarize(ttfts, percentiles),
+        tpot_ms=summarize(tpots, percentiles),
+        itl_ms=summarize(itls, percentiles),
+        e2el_ms=summarize(e2els, percentiles),
+        errors=tuple(o.error for o in failed),
+    )
+
+
+def latency_samples(outcomes: Sequence[RequestOutcome]) -> dict[str, list[float]]:
+    """Per-request TTFT, TPOT, E2EL and pooled ITL of the successful requests, in ms."""
+    ok = [o for o in outcomes if o.success]
+    return {
+        "ttft": [o.ttft_s * 1000.0 for o in ok],
+        "tpot": [t * 1000.0 for o in ok if (t := o.tpot_s) is not None],
+        "itl": [gap * 1000.0 for o in ok for gap in o.itl_s],
+        "e2el": [o.latency_s * 1000.0 for o in ok],
+    }

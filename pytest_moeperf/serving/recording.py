@@ -1,0 +1,92 @@
+"""How a measured serving window becomes records on the core ``perf`` fixture, and the failed-request gate.
+
+Latencies (TTFT, TPOT, ITL, E2EL; per-request samples in ms) are lower-better; throughputs (request, output,
+total token; goodput) and acceptance figures are higher-better. The failed-request rate is checked here
+directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and the error of
+every failed request is in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from pytest_moeperf.serving.loadgen import WindowResult
+from pytest_moeperf.serving.metrics import ServingMetrics, latency_samples
+from pytest_moeperf.serving.profiles import Tolerances
+from pytest_moeperf.serving.specdecode import AcceptanceStats
+
+__all__ = ["FailedRequests", "PerfRecorder", "check_failures", "record_acceptance", "record_serving"]
+
+
+class PerfRecorder(Protocol):
+    """The part of the core's ``perf`` fixture used here."""
+
+    def record(
+        self,
+        name: str,
+        samples: float | Sequence[float],
+        *,
+        unit: str,
+        better: str = "lower",
+        tolerance: float | None = None,
+        abs_tolerance: float | None = None,
+    ) -> Any: ...
+
+    def context(self, **kv: Any) -> None: ...
+
+
+class FailedRequests(AssertionError):
+    pass
+
+
+def check_failures(metrics: ServingMetrics, allowed_failed_rate: float = 0.0) -> None:
+    """Raise with every distinct error when more requests failed than allowed."""
+    if metrics.failed_rate <= allowed_failed_rate:
+        return
+    distinct: dict[str, int] = {}
+    for err in metrics.errors:
+        key = err.strip().splitlines()[-1][:300] if err.strip() else "(empty error)"
+        distinct[key] = distinct.get(key, 0) + 1
+    lines = "\n".join(f"  {n} x {err}" for err, n in sorted(distinct.items(), key=lambda kv: -kv[1]))
+    raise FailedRequests(
+        f"{metrics.failed} of {metrics.completed + metrics.failed} requests failed "
+        f"(rate {metrics.failed_rate:.1%}, allowed {allowed_failed_rate:.1%}):\n{lines}"
+    )
+
+
+def record_serving(
+    perf: PerfRecorder,
+    window: WindowResult,
+    tolerances: Tolerances | None = None,
+    *,
+    allowed_failed_rate: float = 0.0,
+) -> None:
+    """Record the window's latencies (per-request samples, ms), throughputs and failed rate; then gate failures."""
+    tol = tolerances or Tolerances()
+    metrics = window.metrics
+    samples = latency_samples(window.outcomes)
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        if samples.get(name):
+            perf.record(f"{name}_ms", samples[name], unit="ms", better="lower", tolerance=tol.latency)
+    th = tol.throughput
+    perf.record("request_throughput", metrics.request_throughput, unit="req/s", better="higher", tolerance=th)
+    perf.record("output_throughput", metrics.output_throughput, unit="tok/s", better="higher", tolerance=th)
+    perf.record("total_token_throughput", metrics.total_token_throughput, unit="tok/s", better="higher", tolerance=th)
+    if metrics.request_goodput is not None:
+        perf.record("request_goodput", metrics.request_goodput, unit="req/s", better="higher", tolerance=th)
+    perf.record(
+        "failed_rate",
+        metrics.failed_rate,
+        unit="ratio",
+        better="lower",
+        tolerance=0.0,
+        abs_tolerance=allowed_failed_rate,
+    )
+    check_failures(metrics, allowed_failed_rate)
+
+
+def record_acceptance(perf: PerfRecorder, stats: AcceptanceStats, tolerances: Tolerances | None = None) -> None:
+    ta = (tolerances or Tolerances()).acceptance
+    perf.record("acceptance_length", stats.mean_acceptance_length, unit="tokens", better="higher", tolerance=ta)
+    perf.record("acceptance_rate", stats.acceptance_rate, unit="ratio", better="higher", tolerance=ta)

@@ -1,0 +1,119 @@
+"""A profile being served: the server, the client for it, and one measured window with its spec counters."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_moeperf.serving.loadgen import (
+    Endpoint,
+    LoadGenerator,
+    LoadShape,
+    Request,
+    WindowResult,
+    prompt_set_requests,
+    random_token_requests,
+)
+from pytest_moeperf.serving.metrics import Slo
+from pytest_moeperf.serving.profiles import ServeProfile
+from pytest_moeperf.serving.prometheus import parse
+from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, http_get
+from pytest_moeperf.serving.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
+
+__all__ = ["Served", "SpecWindow"]
+
+log = logging.getLogger("pytest_moeperf.serving")
+
+Server = LaunchedServer | AttachedServer
+
+
+@dataclass(frozen=True)
+class SpecWindow:
+    """A measured window and, for a speculative server, the acceptance over that same window."""
+
+    window: WindowResult
+    acceptance: AcceptanceStats | None
+
+
+@dataclass(frozen=True)
+class Served:
+    """``profile`` as served by ``server``; ``vocab_size`` bounds random token ids (None if unknown)."""
+
+    profile: ServeProfile
+    server: Server
+    vocab_size: int | None
+    startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def client(self, endpoint: Endpoint = Endpoint.COMPLETIONS) -> LoadGenerator:
+        name = self.profile.name
+
+        def progress(done: int, total: int, failed: int) -> None:
+            log.info("[%s] %d/%d requests done, %d failed", name, done, total, failed)
+
+        return LoadGenerator(
+            base_url=self.base_url,
+            model=self.profile.served_model_name,
+            endpoint=endpoint,
+            liveness=self.server.check_alive,
+            progress=progress,
+        )
+
+    def random_requests(self, count: int, input_len: int, output_len: int, *, seed: int = 0) -> list[Request]:
+        """Random-token prompts; ids avoid the first 16 (specials live there in the tiny model)."""
+        high = min(self.vocab_size or 32000, 32000)
+        return random_token_requests(count, input_len, output_len, token_range=(16, high), seed=seed)
+
+    @staticmethod
+    def prompt_set(path: Path, count: int, output_len: int, *, seed: int = 0) -> list[Request]:
+        return prompt_set_requests(path, count, output_len, seed=seed)
+
+    def scrape(self) -> str:
+        self.server.alive_or_raise()
+        status, body = http_get(self.base_url + "/metrics", timeout_s=10.0)
+        if status != 200:
+            self.server.alive_or_raise()
+            raise ServerDied(f"{self.server.describe()}: GET /metrics answered {status}: {body[:300]}")
+        return body
+
+    def spec_counters(self) -> SpecDecodeCounters | None:
+        return SpecDecodeCounters.from_scrape(parse(self.scrape()))
+
+    def measure(
+        self,
+        requests: Sequence[Request],
+        shape: LoadShape,
+        *,
+        warmup: Sequence[Request] = (),
+        slo: Slo | None = None,
+        endpoint: Endpoint = Endpoint.COMPLETIONS,
+    ) -> SpecWindow:
+        """Warm up, then scrape counters, run the window, scrape again: acceptance covers exactly the window."""
+        client = self.client(endpoint)
+        if warmup:
+            client.run(warmup, shape)
+        before = self.spec_counters()
+        window = client.run(requests, shape, slo=slo)
+        after = self.spec_counters()
+        stats = None
+        if before is not None and after is not None and after.drafts > before.drafts:
+            stats = acceptance(before, after)
+        return SpecWindow(window=window, acceptance=stats)
+
+
+def vocab_size_of(model_dir: Path) -> int | None:
+    """``vocab_size`` from a local HF model directory's config.json (top level or ``text_config``)."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for table in (config, config.get("text_config") or {}):
+        if isinstance(table.get("vocab_size"), int):
+            return int(table["vocab_size"])
+    return None
