@@ -35,8 +35,11 @@ __all__ = [
     "IMPLS",
     "Problem",
     "TOLERANCE",
+    "Unavailable",
     "build",
     "check",
+    "measure",
+    "Timed",
     "default_device",
     "problem_for",
     "relative_error",
@@ -145,7 +148,7 @@ class Built:
 
     impl: str
     problem: Problem
-    calls: list[Callable[[], object]]
+    calls: Sequence[Callable[[], object]]
     reference: Callable[[], torch.Tensor]
     output: Callable[[], torch.Tensor]  # runs copy 0 and returns its full [rows, N] result
 
@@ -179,7 +182,7 @@ def build(impl: str, problem: Problem, *, device: str, copies: int = 1, seed: in
 
     reason = unavailable(impl, problem, device)
     if reason:
-        raise RuntimeError(reason)
+        raise Unavailable(reason)
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(problem.rows, problem.k, generator=gen, device=device).to(torch.bfloat16)
     scale = 1.0 / math.sqrt(problem.k)
@@ -198,6 +201,62 @@ def build(impl: str, problem: Problem, *, device: str, copies: int = 1, seed: in
         "marlin_moe": _build_marlin_moe,
     }
     return makers[impl](problem, x, weights, device)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A checked and timed case: per-call µs samples, copies rotated through, relative error of copy 0."""
+
+    samples: list[float]
+    copies: int
+    rel_err: float
+    threads: int | None  # CPU: torch intra-op threads used; None on GPU
+
+
+#: GPU: target duration of one captured graph and of all timed replays of a case.
+GPU_GRAPH_US = 2000.0
+GPU_TOTAL_US = 100_000.0
+#: CPU: one intra-op thread. On a small shared machine, OpenMP threads that spin waiting for a core another
+#: process holds turn a 1 ms GEMM into 10 ms; one thread is slower but far steadier.
+CPU_THREADS = 1
+
+
+def measure(impl: str, problem: Problem, *, device: str, cache_bytes: int, quick: bool = False,
+            max_total_bytes: int | None = None) -> Timed:
+    """Build ``impl`` for ``problem`` with enough weight copies to exceed ``2 × cache_bytes``, check it
+    (:func:`check` raises above the tolerance: a wrong kernel is never timed), then time it: on CUDA a graph
+    of back-to-back calls cycling through the copies (:func:`~pytest_moeperf.timing.time_cuda_graph`, sized
+    from an eager estimate to ~2 ms per graph and ~100 ms in all), on CPU
+    :func:`~pytest_moeperf.timing.time_cpu` with :data:`CPU_THREADS` intra-op threads."""
+    import torch
+
+    from pytest_moeperf import timing
+
+    cap = max_total_bytes if max_total_bytes is not None else ((16 << 30) if device == "cuda" else (1 << 30))
+    copies = timing.rotation_copies(problem.weight_bytes(impl), cache_bytes, factor=2.0, max_total_bytes=cap)
+    if device == "cpu":
+        previous = torch.get_num_threads()
+        torch.set_num_threads(CPU_THREADS)
+        try:
+            built = build(impl, problem, device=device, copies=copies)
+            err = check(built)
+            fn = timing.cycle(built.calls)
+            samples = timing.time_cpu(fn, iters=5 if quick else 9, warmup=copies, min_time_s=0.02)
+        finally:
+            torch.set_num_threads(previous)
+        return Timed(samples, copies, err, CPU_THREADS)
+    built = build(impl, problem, device=device, copies=copies)
+    err = check(built)
+    fn = timing.cycle(built.calls)
+    estimate = sorted(timing.time_eager_cuda(fn, iters=max(3, copies), warmup=copies))[max(3, copies) // 2]
+    calls = max(copies, min(500, math.ceil(GPU_GRAPH_US / max(estimate, 1e-3))))
+    calls = math.ceil(calls / copies) * copies  # every copy equally often
+    total = GPU_TOTAL_US / (3 if quick else 1)
+    replays = max(10, min(60, math.ceil(total / (estimate * calls))))
+    samples = timing.time_cuda_graph(fn, calls_per_graph=calls, replays=replays, warmup=3)
+    del built, fn
+    torch.cuda.empty_cache()
+    return Timed(samples, copies, err, None)
 
 
 def _offsets(groups: Sequence[int]) -> list[tuple[int, int]]:
@@ -318,8 +377,12 @@ def _per_group_built(
     )
 
 
-def _vllm_marlin_error(exc: BaseException) -> RuntimeError:
-    return RuntimeError(f"vLLM Marlin API not as this suite expects: {exc!r}")
+class Unavailable(RuntimeError):
+    """An implementation turned out not to run here (e.g. a vLLM API this suite does not know): skip, not fail."""
+
+
+def _vllm_marlin_error(exc: BaseException) -> Unavailable:
+    return Unavailable(f"vLLM Marlin API not as this suite expects: {exc!r}")
 
 
 def _build_marlin(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tensor]], device: str) -> Built:
@@ -337,35 +400,47 @@ def _build_marlin(problem: Problem, x: torch.Tensor, weights: list[list[torch.Te
         )
         from vllm.scalar_type import scalar_types  # type: ignore[import-not-found, unused-ignore]
 
+        # Looked up dynamically: present only in CUDA builds, signature varies across vLLM versions.
+        gptq_marlin_gemm: Callable[..., torch.Tensor] = vars(ops)["gptq_marlin_gemm"]
+        quantize: Callable[..., list[torch.Tensor]] = marlin_quantize
         workspace = marlin_make_workspace_new(x.device)
         quant = scalar_types.uint4b8
-        params = inspect.signature(ops.gptq_marlin_gemm).parameters
+        params = inspect.signature(gptq_marlin_gemm).parameters
+        takes_act_order = "act_order" in inspect.signature(marlin_quantize).parameters
         copies: list[list[dict[str, object]]] = []
         dequant0: list[torch.Tensor] = []
         for ci, ws in enumerate(weights):
             packed_set = []
             for w in ws:
-                w_ref, q_w, s, g_idx, sort_idx, _ = marlin_quantize(w.t().contiguous(), quant, INT4_GROUP, False)
+                extra = {"act_order": False} if takes_act_order else {}
+                res = quantize(w.t().contiguous(), quant, INT4_GROUP, **extra)
+                w_ref, q_w, s = res[0], res[1], res[2]
+                g_idx, sort_idx = (res[3], res[4]) if len(res) >= 5 else (None, None)
                 if ci == 0:
                     dequant0.append(w_ref.t().contiguous())
-                kwargs: dict[str, object] = {name: None for name, p in params.items() if p.default is None}
+                empty = inspect.Parameter.empty
+                kwargs: dict[str, object] = {
+                    name: None for name, p in params.items() if p.default is empty or p.default is None
+                }
                 kwargs.update(
                     b_q_weight=q_w, b_scales=s, g_idx=g_idx, perm=sort_idx, workspace=workspace, b_q_type=quant,
                     size_n=problem.n, size_k=problem.k,
                 )
+                kwargs.pop("a", None)
+                kwargs.pop("size_m", None)
                 packed_set.append(kwargs)
             copies.append(packed_set)
 
         def run(packed_set: list[dict[str, object]]) -> Callable[[], list[torch.Tensor]]:
             pairs = list(zip(_slices(x, problem.groups), packed_set, strict=True))
-            return lambda: [ops.gptq_marlin_gemm(a=xi, size_m=xi.shape[0], **kw) for xi, kw in pairs]
+            return lambda: [gptq_marlin_gemm(a=xi, size_m=xi.shape[0], **kw) for xi, kw in pairs]
 
         built = _per_group_built("marlin", problem, [run(ps) for ps in copies], x, dequant0)
         built.output()
-    except (ImportError, TypeError, AttributeError, ValueError) as exc:
+    except (ImportError, KeyError, TypeError, AttributeError, ValueError, RuntimeError, AssertionError) as exc:
         raise _vllm_marlin_error(exc) from exc
     return built
 
 
 def _build_marlin_moe(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tensor]], device: str) -> Built:
-    raise RuntimeError(MARLIN_MOE_NOT_WIRED)
+    raise Unavailable(MARLIN_MOE_NOT_WIRED)

@@ -71,7 +71,7 @@ def time_cuda_graph(
     import torch
 
     _check_counts(calls_per_graph=calls_per_graph, replays=replays, warmup=warmup)
-    capture_stream = stream if stream is not None else torch.cuda.Stream()
+    capture_stream = stream if stream is not None else torch.cuda.Stream()  # type: ignore[no-untyped-call, unused-ignore]
     capture_stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(capture_stream):
         for _ in range(EAGER_WARMUP_BEFORE_CAPTURE):
@@ -83,8 +83,8 @@ def time_cuda_graph(
         for _ in range(calls_per_graph):
             fn()
 
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    starts = [_event() for _ in range(replays)]
+    ends = [_event() for _ in range(replays)]
     with torch.cuda.stream(capture_stream):
         for _ in range(warmup):
             graph.replay()
@@ -96,6 +96,12 @@ def time_cuda_graph(
     samples = [start.elapsed_time(end) * 1000.0 / calls_per_graph for start, end in zip(starts, ends, strict=True)]
     del graph
     return samples
+
+
+def _event() -> torch.cuda.Event:
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 def time_eager_cuda(fn: Callable[[], object], *, iters: int, warmup: int) -> list[float]:
@@ -111,8 +117,8 @@ def time_eager_cuda(fn: Callable[[], object], *, iters: int, warmup: int) -> lis
     current = torch.cuda.current_stream()
     for _ in range(warmup):
         fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    starts = [_event() for _ in range(iters)]
+    ends = [_event() for _ in range(iters)]
     for start, end in zip(starts, ends, strict=True):
         start.record(current)
         fn()
