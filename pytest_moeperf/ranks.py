@@ -62,6 +62,9 @@ MULTICAST_OFF_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+#: Starting ranks (importing torch, initialising NCCL) may take longer than a task on a busy machine: a group's
+#: start gets at least this long unless told otherwise.
+MIN_START_TIMEOUT_S = 120.0
 _KILL_GRACE_S = 3.0
 _STACK_DUMP_WAIT_S = 0.5
 _PEER_GRACE_S = 2.0
@@ -190,7 +193,8 @@ def _last_frame(traceback_text: str) -> str:
 class RankGroup:
     """N live rank processes with an initialised process group; run tasks on all of them."""
 
-    def __init__(self, world_size: int, backend: Backend, *, timeout_s: float) -> None:
+    def __init__(self, world_size: int, backend: Backend, *, timeout_s: float,
+                 start_timeout_s: float | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if backend not in ("gloo", "nccl"):
@@ -198,6 +202,7 @@ class RankGroup:
         self.world_size = world_size
         self.backend: Backend = backend
         self.timeout_s = timeout_s
+        self.start_timeout_s = max(timeout_s, MIN_START_TIMEOUT_S) if start_timeout_s is None else start_timeout_s
         self._logdir = Path(tempfile.mkdtemp(prefix="moeperf-ranks-"))
         self._procs: list[subprocess.Popen[bytes]] = []
         self._to_rank: list[Connection] = []
@@ -220,14 +225,14 @@ class RankGroup:
         import torch.distributed as dist
 
         self._store = dist.TCPStore(  # type: ignore[attr-defined]
-            "127.0.0.1", 0, self.world_size + 1, is_master=True, timeout=timedelta(seconds=self.timeout_s),
+            "127.0.0.1", 0, self.world_size + 1, is_master=True, timeout=timedelta(seconds=self.start_timeout_s),
             wait_for_workers=False)
         env_common = dict(os.environ)
         env_common.update(MULTICAST_OFF_ENV)
         env_common["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env_common["MOEPERF_RANK_STORE"] = f"127.0.0.1:{self._store.port}"
         env_common["MOEPERF_RANK_BACKEND"] = self.backend
-        env_common["MOEPERF_RANK_TIMEOUT"] = repr(self.timeout_s)
+        env_common["MOEPERF_RANK_TIMEOUT"] = repr(max(self.timeout_s, self.start_timeout_s))
         env_common["WORLD_SIZE"] = str(self.world_size)
         if self.backend == "gloo":
             env_common.setdefault("OMP_NUM_THREADS", "1")
@@ -249,7 +254,7 @@ class RankGroup:
                 self._to_rank.append(Connection(task_w, readable=False))
                 self._from_rank.append(Connection(result_r, writable=False))
             self.alive = True
-            outcomes = self._collect("start", self.timeout_s)
+            outcomes = self._collect("start", self.start_timeout_s)
             for rank, outcome in enumerate(outcomes):
                 self._main_idents[rank] = outcome.result
         except BaseException:
@@ -496,7 +501,7 @@ def _init_process_group(rank: Rank) -> None:
     import torch.distributed as dist
 
     host, port = os.environ["MOEPERF_RANK_STORE"].rsplit(":", 1)
-    timeout = timedelta(seconds=float(os.environ["MOEPERF_RANK_TIMEOUT"]))
+    timeout = timedelta(seconds=float(os.environ["MOEPERF_RANK_TIMEOUT"]))  # start and collectives
     store = dist.TCPStore(  # type: ignore[attr-defined]
         host, int(port), rank.world_size + 1, is_master=False, timeout=timeout)
     if rank.backend == "nccl":

@@ -1,0 +1,126 @@
+"""The rank runner on real gloo ranks: results come back, and a hung, raising or dying rank fails the run with
+a message that names it, within the timeout, leaving no process behind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import collective_tasks as tasks
+import pytest
+
+from pytest_moeperf.ranks import RankFailure, RankPool, leftover_processes
+
+TIMEOUT_S = 5.0
+#: The timeout, plus the stack dump and SIGTERM/SIGKILL grace of a teardown, plus slack for 2 busy cores.
+WITHIN_S = TIMEOUT_S + 6.0
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting for its reaper is dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+@pytest.fixture
+def pool() -> Iterator[RankPool]:
+    """A pool of its own with a short timeout (the session's ``ranks`` fixture waits 180 s)."""
+    p = RankPool(timeout_s=TIMEOUT_S)
+    yield p
+    p.close()
+
+
+def _fail(pool: RankPool, fn: object, *args: object) -> tuple[RankFailure, list[int], float]:
+    group = pool.group(2, "gloo")  # started first, so the timing below is the task's alone
+    pids = group.pids
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        pool.run(fn, *args, world_size=2)  # type: ignore[arg-type]
+    return info.value, pids, time.monotonic() - started
+
+
+def test_two_ranks_all_reduce_and_reuse(ranks: RankPool) -> None:
+    assert ranks.run(tasks.sum_of_ranks, 1.0, world_size=2) == [[3.0] * 4, [3.0] * 4]
+    # The same processes serve the next task.
+    first = ranks.run(tasks.whoami, world_size=2)
+    second = ranks.run(tasks.whoami, world_size=2)
+    assert [r[:3] for r in first] == [(0, 2, "gloo"), (1, 2, "gloo")]
+    assert [r[3] for r in first] == [r[3] for r in second]
+
+
+def test_hung_rank_is_named_and_killed(pool: RankPool) -> None:
+    failure, pids, elapsed = _fail(pool, tasks.hang_on_rank_1)
+    message = str(failure)
+    assert failure.culprits == (1,)
+    assert message.startswith("rank 1 did not finish hang_on_rank_1 within the 5 s timeout")
+    assert "rank 0 (pid" in message and "blocked in torch.distributed" in message
+    assert "in hang_on_rank_1" in message  # rank 1's Python stack, dumped before the kill
+    assert TIMEOUT_S <= elapsed < WITHIN_S
+    assert leftover_processes(pids) == []
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_raising_rank_is_named_with_its_traceback(pool: RankPool) -> None:
+    failure, pids, elapsed = _fail(pool, tasks.raise_on_rank_1)
+    message = str(failure)
+    assert failure.culprits == (1,)
+    assert message.startswith("rank 1 raised during raise_on_rank_1")
+    assert "Traceback (most recent call last)" in message
+    assert "ValueError: rank 1 refuses to add" in message
+    assert elapsed < TIMEOUT_S  # a failure does not wait for the timeout
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_dying_rank_is_named_with_its_exit_code(pool: RankPool) -> None:
+    failure, pids, elapsed = _fail(pool, tasks.exit_on_rank_0, 7)
+    message = str(failure)
+    assert failure.culprits == (0,)
+    assert message.startswith("rank 0 died during exit_on_rank_0")
+    assert f"rank 0 (pid {pids[0]}): exited with code 7" in message
+    assert elapsed < TIMEOUT_S
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_teardown_takes_the_ranks_own_children(pool: RankPool, tmp_path: Path) -> None:
+    failure, pids, _ = _fail(pool, tasks.spawn_grandchild_then_hang, str(tmp_path))
+    assert failure.culprits == (1,)
+    grandchildren = [int((tmp_path / f"grandchild{r}.pid").read_text()) for r in (0, 1)]
+    assert not any(_alive(pid) for pid in (*pids, *grandchildren))
+    assert "all rank processes ended" in str(failure)
+
+
+def test_pool_replaces_a_failed_group(pool: RankPool) -> None:
+    _fail(pool, tasks.raise_on_rank_1)
+    assert pool.run(tasks.sum_of_ranks, 0.5, world_size=2) == [[2.0] * 4, [2.0] * 4]
+
+
+def test_unpicklable_result_is_reported(pool: RankPool) -> None:
+    failure, _, _ = _fail(pool, tasks.unpicklable_result)
+    assert failure.culprits == (0, 1)
+    assert "Can't pickle" in str(failure) or "cannot pickle" in str(failure).lower()
+
+
+def test_closed_pool_leaves_nothing(pool: RankPool) -> None:
+    pids = pool.group(2, "gloo").pids
+    pool.close()
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_rank_timeout_option_reaches_the_fixture(run_moeperf, pytester: pytest.Pytester) -> None:  # type: ignore[no-untyped-def]
+    """A whole pytest session: ``--moeperf-rank-timeout 4`` bounds a hung rank, and the test fails naming it."""
+    pytester.syspathinsert(Path(__file__).parent)
+    pytester.makepyfile(test_hang="""
+        import collective_tasks
+
+        def test_hangs(ranks):
+            ranks.run(collective_tasks.hang_on_rank_1, world_size=2)
+    """)
+    started = time.monotonic()
+    result = run_moeperf("--moeperf-rank-timeout", "4", "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*RankFailure: rank 1 did not finish hang_on_rank_1 within the 4 s timeout*"])
+    assert time.monotonic() - started < 60
