@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One batch on a GPU machine (H200), run from the repository root with the machine's own python3:
+#   1. `moeperf topology` (probe) -> topology.txt
+#   2. pytest suites/allreduce suites/gemm --moeperf-update   (writes baselines/<slug>/...)   -> update.log/.json
+#   3. the same without --moeperf-update: an A/A run against the baselines just written        -> aa.log/.json
+#   4. `moeperf budget` for Kimi-K2.5 TP=8 batch 1 from the A/A report and from the baselines  -> summary.txt
+#   5. baselines/ as a tarball                                                                  -> baselines.tar.gz
+# Everything lands in $OUT (7 files). Each step continues when an earlier one failed. Whole batch < 8 minutes:
+# each pytest run gets a GEMM deadline (remaining GEMM cases skip, the session still ends and writes its
+# report and baselines) and a hard `timeout` behind it.
+# Env: QUICK=1 adds --moeperf-quick to both runs (default 0); RUN1_S / RUN2_S: seconds for each run;
+# PYTEST_ARGS: extra pytest arguments (e.g. '-k kimi'); PYTHON: the interpreter (default python3);
+# BASELINES: the baselines directory (default: baselines, the repository's).
+set -u
+cd "$(dirname "$0")/.."
+
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+QUICK="${QUICK:-0}"
+RUN1_S="${RUN1_S:-220}"
+RUN2_S="${RUN2_S:-190}"
+BASELINES="${BASELINES:-baselines}"
+START=$(date +%s)
+SUMMARY="$OUT/summary.txt"
+
+note() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$SUMMARY"; }
+
+note "device batch start $(date -u +%FT%TZ) on $(hostname); python: $($PY --version 2>&1)"
+$PY - <<'PY' >>"$SUMMARY" 2>&1 || true
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count(),
+      [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+PY
+
+# 1. topology
+$PY -m pytest_moeperf.cli topology >"$OUT/topology.txt" 2>&1
+note "moeperf topology rc=$?"
+SLUG=$($PY -c "from pytest_moeperf.topology import probe; print(probe().fingerprint.slug)" 2>>"$SUMMARY")
+note "fingerprint slug: ${SLUG:-unknown}"
+
+EXTRA=()
+[ "$QUICK" = "1" ] && EXTRA+=(--moeperf-quick)
+# shellcheck disable=SC2206
+[ -n "${PYTEST_ARGS:-}" ] && EXTRA+=($PYTEST_ARGS)
+# -p loads the plugin from the checkout; an installed copy registers itself (its pytest11 entry point) instead.
+PLUGIN=(-p pytest_moeperf.plugin)
+if $PY -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.value == 'pytest_moeperf.plugin' for e in m.entry_points(group='pytest11')) else 1)" 2>/dev/null; then
+  PLUGIN=()
+fi
+
+run_suites() {  # name seconds [extra pytest args...]
+  local name=$1 secs=$2; shift 2
+  local hard=$(( secs + 45 ))
+  MOEPERF_GEMM_DEADLINE=$(( $(date +%s) + secs )) \
+    timeout -k 10 "$hard" $PY -m pytest ${PLUGIN[@]+"${PLUGIN[@]}"} suites/allreduce suites/gemm \
+      -p no:cacheprovider -ra -q --moeperf-baselines "$BASELINES" --moeperf-report "$OUT/$name.json" \
+      ${EXTRA[@]+"${EXTRA[@]}"} "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  note "$name: pytest rc=$rc ($(tail -n 1 "$OUT/$name.log"))"
+}
+
+# 2. update run, 3. A/A run
+run_suites update "$RUN1_S" --moeperf-update
+run_suites aa "$RUN2_S"
+
+# 4. budget tables
+for src in "--from-report $OUT/aa.json" "--from-report $OUT/update.json" "--baselines $BASELINES --fingerprint ${SLUG:-none}"; do
+  note "moeperf budget --model kimi-k2.5 --tp 8 --batch 1 $src"
+  # shellcheck disable=SC2086
+  $PY -m pytest_moeperf.cli budget --model kimi-k2.5 --tp 8 --batch 1 $src >>"$SUMMARY" 2>&1
+  note "budget rc=$?"
+done
+note "moeperf budget with the 8x RTX PRO 6000 PCIe topology, all-reduce 30 us given"
+$PY -m pytest_moeperf.cli budget --model kimi-k2.5 --batch 1 --topology 8x-rtx-pro-6000-pcie \
+  --allreduce-us 30 >>"$SUMMARY" 2>&1
+note "budget rc=$?"
+
+# roofline % of a few headline cases, from the A/A report
+$PY - "$OUT/aa.json" <<'PY' >>"$SUMMARY" 2>&1 || true
+import json, sys
+data = json.load(open(sys.argv[1]))
+rows = [b for b in data["benchmarks"] if b["extra_info"].get("metric") == "roofline_pct"]
+print(f"roofline_pct rows: {len(rows)}")
+for b in sorted(rows, key=lambda b: b["fullname"])[:400]:
+    p = b["params"]
+    print(f"{p.get('model')} {p.get('op')} m={p.get('m')} {p.get('impl')}: {b['stats']['median']:.1f} %")
+PY
+
+# 5. baselines
+tar -czf "$OUT/baselines.tar.gz" "$BASELINES" 2>>"$SUMMARY"
+note "baselines tar rc=$?; done in $(( $(date +%s) - START ))s"
+ls -la "$OUT" >>"$SUMMARY"
+exit 0
