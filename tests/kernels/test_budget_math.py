@@ -120,3 +120,20 @@ def test_report_loader(tmp_path: Path) -> None:
 def test_lines_mention_what_is_not_modelled() -> None:
     text = "\n".join(budget_lines(build_budget(KIMI_K2_5, 8, 1, uniform_pieces(1.0), 10.0)))
     assert "attention core" in text and "Not modelled" in text
+
+
+def test_report_section_needs_gemms_and_allreduces() -> None:
+    from pytest_moeperf.budget import pytest_moeperf_report_sections
+    from pytest_moeperf.records import Measurement
+
+    gemms = [Measurement(f"suites/gemm/test_gemm.py::test_gemm[{p.op}]", "time", (1.0, 1.2, 0.8), "us", "lower",
+                         context={"model": p.model, "tp": 8, "op": p.op, "m": 1, "impl": p.impl})
+             for p in uniform_pieces(1.0)]
+    ar = Measurement("suites/allreduce/test_allreduce.py::test_allreduce[nccl-decode-b1-14KiB]", "latency_graph",
+                     (10.0,), "us", "lower", context={"op": "allreduce", "backend": "nccl", "bytes": 14336,
+                                                      "world": 8})
+    assert pytest_moeperf_report_sections(None, gemms) == []  # type: ignore[arg-type]
+    sections = pytest_moeperf_report_sections(None, [*gemms, ar])  # type: ignore[arg-type]
+    assert len(sections) == 1 and "TP=8 batch=1" in sections[0].title
+    ar_row = next(r for r in sections[0].rows if r[0] == "all-reduce")
+    assert ar_row[5] == f"{100 * 1230 / 1777:.1f}"
