@@ -77,6 +77,7 @@ class Piece:
     impl: str
     time_us: float
     source: str = ""
+    device: str = ""  # the device it was measured on (context "device"), "" when not said
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,19 @@ def _pick(pieces: Iterable[Piece], op: str, m: int, preference: Sequence[str]) -
     return None
 
 
+def _on_device(piece: Piece, target: DeviceSpec | None) -> tuple[float, str]:
+    """A piece's time on ``target``: as measured when it was measured there (or either bandwidth is unknown);
+    else scaled by the ratio of datasheet bandwidths (decode GEMMs are weight-bandwidth bound), said so."""
+    measured = f"measured {piece.impl}" + (f" on {piece.device}" if piece.device else "")
+    if target is None or not piece.device:
+        return piece.time_us, measured
+    origin = lookup(piece.device)
+    if origin.mem_bw_bytes_s is None or target.mem_bw_bytes_s is None or origin.mem_bw_bytes_s == target.mem_bw_bytes_s:
+        return piece.time_us, measured
+    ratio = origin.mem_bw_bytes_s / target.mem_bw_bytes_s
+    return piece.time_us * ratio, f"{measured}, scaled x{ratio:.3g} to {target.name} by datasheet bandwidth"
+
+
 def _estimate(shape: GemmShape, spec: ModelSpec, batch: int, device: DeviceSpec | None) -> tuple[float, str] | None:
     if device is None or device.mem_bw_bytes_s is None:
         return None
@@ -191,8 +205,8 @@ def build_budget(
         preference = ROUTED_PREFERENCE if shape.component == "routed_experts" else DENSE_PREFERENCE
         piece = _pick(pieces, shape.op, batch, preference)
         if piece is not None:
-            raw.append((shape.component, shape.op, shape.count, piece.time_us, f"measured {piece.impl}"
-                        + _where(piece.source)))
+            each, how = _on_device(piece, device)
+            raw.append((shape.component, shape.op, shape.count, each, how + _where(piece.source)))
             continue
         est = _estimate(shape, spec, batch, device)
         if est is not None:
@@ -267,7 +281,7 @@ def _median_time(name: str, unit: str) -> bool:
 def _piece(context: Mapping[str, Any], time_us: float, source: str) -> Piece | None:
     try:
         return Piece(str(context["model"]), int(context["tp"]), str(context["op"]), int(context["m"]),
-                     str(context["impl"]), float(time_us), source)
+                     str(context["impl"]), float(time_us), source, str(context.get("device") or ""))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -439,8 +453,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fingerprint", metavar="SLUG", help="fingerprint slug under --baselines")
     p.add_argument("--allreduce-us", metavar="US", type=float, help="all-reduce latency per call, overriding "
                    "measured points")
-    p.add_argument("--topology", metavar="FILE", help="topology file or bundled name: its GPU gives the "
-                   "datasheet bandwidth for ops with no measurement (labelled estimates) and the default --tp")
+    p.add_argument("--topology", metavar="FILE", help="topology file or bundled name: the target GPU. Pieces "
+                   "measured on another GPU are scaled by the datasheet bandwidth ratio, ops with no measurement "
+                   "get a bandwidth floor estimate (both labelled); also the default --tp")
     return p
 
 

@@ -8,7 +8,8 @@
 # Everything lands in $OUT (7 files). Each step continues when an earlier one failed. Whole batch < 8 minutes:
 # each pytest run gets a GEMM deadline (remaining GEMM cases skip, the session still ends and writes its
 # report and baselines) and a hard `timeout` behind it.
-# Env: QUICK=1 adds --moeperf-quick to both runs (default 0); RUN1_S / RUN2_S: seconds for each run;
+# Env: QUICK=1 adds --moeperf-quick to both runs (default 0); RUN1_S / RUN2_S: GEMM deadline of each run in
+# seconds from its start (hard kill 30 s later); TOTAL_S: the batch's budget (default 450);
 # PYTEST_ARGS: extra pytest arguments (e.g. '-k kimi'); PYTHON: the interpreter (default python3);
 # BASELINES: the baselines directory (default: baselines, the repository's).
 set -u
@@ -21,8 +22,9 @@ OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 QUICK="${QUICK:-0}"
-RUN1_S="${RUN1_S:-220}"
-RUN2_S="${RUN2_S:-190}"
+RUN1_S="${RUN1_S:-200}"
+RUN2_S="${RUN2_S:-170}"
+TOTAL_S="${TOTAL_S:-450}"  # the whole batch; the A/A run is shortened to fit
 BASELINES="${BASELINES:-baselines}"
 START=$(date +%s)
 SUMMARY="$OUT/summary.txt"
@@ -54,7 +56,7 @@ fi
 
 run_suites() {  # name seconds [extra pytest args...]
   local name=$1 secs=$2; shift 2
-  local hard=$(( secs + 45 ))
+  local hard=$(( secs + 30 ))
   MOEPERF_GEMM_DEADLINE=$(( $(date +%s) + secs )) \
     timeout -k 10 "$hard" $PY -m pytest ${PLUGIN[@]+"${PLUGIN[@]}"} suites/allreduce suites/gemm \
       -p no:cacheprovider -ra -q --moeperf-baselines "$BASELINES" --moeperf-report "$OUT/$name.json" \
@@ -65,6 +67,9 @@ run_suites() {  # name seconds [extra pytest args...]
 
 # 2. update run, 3. A/A run
 run_suites update "$RUN1_S" --moeperf-update
+left=$(( START + TOTAL_S - 60 - $(date +%s) - 30 ))  # 60 s for the budget tables and the tarball
+[ "$left" -lt "$RUN2_S" ] && RUN2_S=$left
+[ "$RUN2_S" -lt 60 ] && RUN2_S=60
 run_suites aa "$RUN2_S"
 
 # 4. budget tables

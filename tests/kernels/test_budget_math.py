@@ -137,3 +137,16 @@ def test_report_section_needs_gemms_and_allreduces() -> None:
     assert len(sections) == 1 and "TP=8 batch=1" in sections[0].title
     ar_row = next(r for r in sections[0].rows if r[0] == "all-reduce")
     assert ar_row[5] == f"{100 * 1230 / 1777:.1f}"
+
+
+def test_pieces_from_another_gpu_are_scaled_by_bandwidth() -> None:
+    rtx = lookup("NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    pieces = [Piece(p.model, p.tp, p.op, p.m, p.impl, 10.0, device="NVIDIA H200") for p in uniform_pieces(1.0)]
+    budget = build_budget(KIMI_K2_5, 8, 1, pieces, 25.0, device=rtx)
+    row = next(r for r in budget.rows if r.op == "o_proj")
+    assert row.each_us == pytest.approx(10.0 * 4.8 / 1.792) and "scaled" in row.source
+    same = build_budget(KIMI_K2_5, 8, 1, pieces, 25.0, device=lookup("NVIDIA H200"))
+    assert next(r for r in same.rows if r.op == "o_proj").each_us == 10.0
+    cpu = [Piece(p.model, p.tp, p.op, p.m, p.impl, 10.0, device="x86_64") for p in uniform_pieces(1.0)]
+    unscaled = build_budget(KIMI_K2_5, 8, 1, cpu, 25.0, device=rtx)  # no datasheet figure for a CPU: as measured
+    assert next(r for r in unscaled.rows if r.op == "o_proj").each_us == 10.0
