@@ -110,8 +110,8 @@ class ServerPool:
             env=profile.env,
         )
         timeout = min(self.timeout_s, profile.startup_timeout_s or self.timeout_s)
-        log.info("starting %s (timeout %.0f s)", server.describe(), timeout)
         server.start()
+        log.info("started %s (health timeout %.0f s)", server.describe(), timeout)
         self._launched.append(server)
         startup = server.wait_healthy(timeout)
         log.info("%s healthy after %.1f s", server.describe(), startup)
@@ -179,7 +179,7 @@ def serve(
     serve_profiles: dict[str, ServeProfile],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerPool]:
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     model_cache = cache.mkdir("moeperf-models") if cache is not None else tmp_path_factory.mktemp("models")
     pool = ServerPool(
         serve_profiles,

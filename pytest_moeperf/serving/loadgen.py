@@ -349,12 +349,12 @@ def _concurrency(shape: LoadShape) -> int:
 
 
 class _Tally:
-    """Counts finished requests and reports progress about every tenth of the window."""
+    """Counts finished requests and reports progress about every quarter of the window."""
 
     def __init__(self, total: int, progress: Progress | None) -> None:
         self.total, self.done, self.failed = total, 0, 0
         self.progress = progress
-        self.step = max(1, total // 10)
+        self.step = max(1, total // 4)
 
     def add(self, outcome: RequestOutcome) -> None:
         self.done += 1

@@ -1,0 +1,94 @@
+"""Pure pieces of the load generator (arrival times, datasets) and the serve-profile loader."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pytest_moeperf.serving.loadgen import (
+    ClosedLoop,
+    OpenLoop,
+    arrival_offsets,
+    prompt_set_requests,
+    random_token_requests,
+)
+from pytest_moeperf.serving.profiles import ProfileError, load_profiles, unmet_requirement
+
+REPO = Path(__file__).parents[2]
+
+
+def test_poisson_arrivals_have_the_requested_rate_and_are_seeded() -> None:
+    offsets = arrival_offsets(OpenLoop(rate=10.0, seed=3), 4000)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    assert offsets[0] == 0.0
+    assert statistics.fmean(gaps) == pytest.approx(0.1, rel=0.05)
+    assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(1.0, rel=0.08)  # exponential: CV 1
+    assert arrival_offsets(OpenLoop(rate=10.0, seed=3), 50) == offsets[:50]
+
+
+def test_gamma_burstiness_changes_the_spread_not_the_rate() -> None:
+    for burstiness, cv in ((0.25, 2.0), (4.0, 0.5)):  # gamma(k): CV = 1/sqrt(k)
+        offsets = arrival_offsets(OpenLoop(rate=5.0, burstiness=burstiness, seed=1), 6000)
+        gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+        assert statistics.fmean(gaps) == pytest.approx(0.2, rel=0.08)
+        assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(cv, rel=0.1)
+    assert arrival_offsets(OpenLoop(rate=math.inf), 3) == [0.0, 0.0, 0.0]
+
+
+def test_shape_validation_and_labels() -> None:
+    assert ClosedLoop(4).label == "c4" and OpenLoop(8.0).label == "r8" and OpenLoop(8.0, 0.5).label == "r8b0.5"
+    for bad in (lambda: ClosedLoop(0), lambda: OpenLoop(0.0), lambda: OpenLoop(1.0, burstiness=0.0)):
+        with pytest.raises(ValueError):
+            bad()
+
+
+def test_random_token_requests_are_exact_and_seeded() -> None:
+    reqs = random_token_requests(5, 128, 64, token_range=(16, 512), seed=7)
+    assert all(len(r.prompt) == 128 and r.max_tokens == 64 and r.ignore_eos for r in reqs)
+    assert all(16 <= t < 512 for r in reqs for t in r.prompt)
+    assert reqs == random_token_requests(5, 128, 64, token_range=(16, 512), seed=7)
+    assert reqs != random_token_requests(5, 128, 64, token_range=(16, 512), seed=8)
+
+
+def test_bundled_prompt_set_cycles_deterministically() -> None:
+    path = REPO / "suites" / "specdecode" / "prompts" / "repetitive.json"
+    n = len(json.loads(path.read_text()))
+    reqs = prompt_set_requests(path, n + 3, 32, seed=0)
+    assert len({r.prompt for r in reqs}) == n and reqs[n].prompt == reqs[0].prompt
+    assert reqs == prompt_set_requests(path, n + 3, 32, seed=0)
+
+
+def test_repo_profiles_load_and_gpu_profiles_skip_here() -> None:
+    profiles = load_profiles(REPO / "suites" / "serving" / "profiles")
+    assert {"cpu-tiny-nospec", "cpu-tiny-ngram", "kimi-k25-tp8-nospec", "kimi-k25-tp8-eagle3-aqmedai"} <= set(profiles)
+    ngram = profiles["cpu-tiny-ngram"]
+    argv = ngram.argv("/m", "127.0.0.1", 8123)
+    assert argv[argv.index("--speculative-config") + 1].startswith('{"method": "ngram"')
+    assert "--load-format" in argv and ngram.reference == "cpu-tiny-nospec"
+    kimi = profiles["kimi-k25-tp8-eagle3-lightseek"]
+    assert kimi.method == "eagle3" and kimi.tp == 8
+    reason = unmet_requirement(kimi, gpu_count=0, vllm_importable=True)
+    assert reason is not None and "needs 8 GPUs" in reason
+    assert unmet_requirement(profiles["cpu-tiny-nospec"], gpu_count=0, vllm_importable=True) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"name": "p"}, "'model' is required"),
+        ({"name": "other", "model": "m"}, "file stem"),
+        ({"name": "p", "model": "m", "tp": "8"}, "'tp' has str"),
+        ({"name": "p", "model": "m", "device": "tpu"}, "'device'"),
+        ({"name": "p", "model": "m", "bogus": 1}, "unknown field"),
+        ({"name": "p", "model": "m", "thresholds": {"min_speedup": -1}}, "positive"),
+        ({"name": "p", "model": "m", "reference": "nope"}, "no profile"),
+    ],
+)
+def test_profile_errors_name_file_and_field(tmp_path: Path, content: dict[str, object], message: str) -> None:
+    (tmp_path / "p.json").write_text(json.dumps(content))
+    with pytest.raises(ProfileError, match=message):
+        load_profiles(tmp_path)
