@@ -5,7 +5,8 @@ reads cold weights, as in decode), checks copy 0 against a float32 reference, th
 (:func:`pytest_moeperf.gemm.measure`):
 
 * GPU: CUDA graph of many back-to-back calls cycling through the copies, events around each replay;
-* CPU: wall time of the same calls (``time.perf_counter_ns``, one intra-op thread), smaller M.
+* CPU: the same calls on one intra-op thread, timed by that thread's CPU time (``time.thread_time_ns``: other
+  jobs on a shared machine do not inflate it), each sample the best of 3 batches; smaller M.
 
 Metrics: ``time`` (µs per call), ``tflops``, ``weight_gbps`` (weight bytes read per call / time) and, where the
 device's datasheet bandwidth is known, ``roofline_pct`` (achieved weight bandwidth / peak).
@@ -37,8 +38,9 @@ GPU_MODELS = ("kimi-k2.5", "deepseek-v3")
 CPU_OP_MS = {"shared_gate_up": (1, 8, 32), "shared_down": (1, 8, 32), "gate_up": (1, 8), "down": (1, 8)}
 CPU_QUICK_MS = (1,)
 
-#: Relative tolerance of CPU metrics: 2 shared, noisy cores (A/A spread in the report of issue 3).
-CPU_TOLERANCE = 0.5
+#: Relative tolerance of CPU metrics. On the 2-core CI box shared with other jobs, A/A runs moved medians by up to
+#: +87 % / -55 % (load average 4-8), so only a change of 2x or more is called a regression there.
+CPU_TOLERANCE = 1.0
 
 
 def _cases() -> list[object]:
@@ -81,7 +83,8 @@ def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_s
     perf.context(
         model=model, tp=TP, op=op, m=m, impl=impl, dtype=dtype, k=problem.k, n=problem.n,
         experts=len(problem.groups), rows=problem.rows, copies=timed.copies, device=device_spec.name,
-        threads=timed.threads, rel_err=float(f"{timed.rel_err:.3g}"),
+        threads=timed.threads, clock=gemm.CPU_CLOCK_NAME if gemm_device == "cpu" else "cuda_graph_events",
+        rel_err=float(f"{timed.rel_err:.3g}"),
     )
     tol = CPU_TOLERANCE if gemm_device == "cpu" else None
     samples = timed.samples
