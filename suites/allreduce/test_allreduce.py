@@ -6,7 +6,8 @@ batch size, then a power-of-two sweep. Each rank checks the sum on random data, 
 
 * ``graph`` (GPU): a CUDA graph of back-to-back all-reduces, events around each replay: what a captured decode
   step pays per all-reduce;
-* ``eager``: each call launched from Python (GPU: events around each call; CPU: wall time of each call).
+* ``eager``: each call launched from Python (GPU: events around each call; CPU: the fastest call's wall time in
+  each block of 25 calls, robust to the other tenants of a shared CPU).
 
 Metrics per mode: ``latency_<mode>`` (µs, the slowest rank's per-call samples), ``algbw_<mode>`` and
 ``busbw_<mode>`` (GB/s, nccl-tests: busbw = algbw × 2(n−1)/n). On a machine with fewer than 2 GPUs, gloo on 2 CPU
@@ -56,8 +57,9 @@ GPU_MARKS = {
 }
 #: gloo runs on 2 CPU processes (this CI box has 2 cores).
 CPU_WORLD = 2
-#: Relative tolerance of the gloo metrics: 2 shared, noisy cores (A/A spread in baselines/README).
-CPU_TOLERANCE = 0.6
+#: Relative tolerance of the gloo metrics. On 2 shared cores, across five A/A runs, a case's median of per-block
+#: minima moved by up to ~80 % (median case ~30 %): gloo on CPU catches only gross (> 2x) regressions.
+CPU_TOLERANCE = 1.0
 #: --moeperf-quick keeps these decode batches and every 4th sweep size.
 QUICK_BATCHES = (1, 256)
 
