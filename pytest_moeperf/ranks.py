@@ -87,11 +87,15 @@ class Rank:
 
 
 class RankFailure(Exception):
-    """A multi-rank run failed; the message names the rank(s) and what happened to each."""
+    """A multi-rank run failed; the message names the rank(s) and what happened to each.
 
-    def __init__(self, message: str, culprits: Sequence[int]) -> None:
+    ``culprits``: the ranks to blame, most likely first; ``during``: ``"start"`` (the group could not start) or
+    the task's name."""
+
+    def __init__(self, message: str, culprits: Sequence[int], during: str = "") -> None:
         super().__init__(message)
         self.culprits = tuple(culprits)
+        self.during = during
 
 
 @dataclass
@@ -342,7 +346,7 @@ class RankGroup:
         self._dump_stacks(pending, outcomes)
         self.close(graceful=False)
         raise RankFailure(self._failure_message(what, outcomes, timeout_s, elapsed, failed_at is None),
-                          self._culprits(outcomes))
+                          self._culprits(outcomes), what)
 
     def _receive(self, rank: int, conn: Connection) -> _Outcome:
         try:

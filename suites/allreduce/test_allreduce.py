@@ -30,7 +30,7 @@ from pytest_moeperf.collectives import (
     slowest_rank,
 )
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.ranks import RankPool
+from pytest_moeperf.ranks import RankFailure, RankPool
 from pytest_moeperf.settings import Settings
 from pytest_moeperf.topology import Topology
 
@@ -86,7 +86,8 @@ def _world(backend: str, topology: Topology) -> int:
 
 @pytest.mark.parametrize(("backend", "message", "in_quick"), _cases())
 def test_allreduce(backend: str, message: Message, in_quick: bool, ranks: RankPool, perf: Perf,
-                   topology: Topology, moeperf_settings: Settings) -> None:
+                   topology: Topology, moeperf_settings: Settings, failed_backends: dict[str, str],
+                   request: pytest.FixtureRequest) -> None:
     world = _world(backend, topology)
     if topology.simulated:
         pytest.skip(f"topology simulated from {topology.source}: all-reduces need the real GPUs")
@@ -95,7 +96,14 @@ def test_allreduce(backend: str, message: Message, in_quick: bool, ranks: RankPo
     spec = BACKENDS[backend]
     capacity = max(m.nbytes for m in (*DECODE, *SWEEPS[backend]))
     task = AllReduceTask(backend, message.nbytes, capacity, quick=moeperf_settings.quick, seed=message.nbytes)
-    results = ranks.run(measure_allreduce, task, world_size=world, backend=spec.process_group)
+    for key in (backend, spec.process_group):
+        if key in failed_backends:
+            pytest.fail(f"not run: {key} already failed in {failed_backends[key]} (see that failure)", pytrace=False)
+    try:
+        results = ranks.run(measure_allreduce, task, world_size=world, backend=spec.process_group)
+    except RankFailure as exc:
+        failed_backends[spec.process_group if exc.during == "start" else backend] = request.node.nodeid
+        raise
     unsupported = sorted({r.unsupported for r in results if r.unsupported})
     if unsupported:
         pytest.skip(f"{backend} cannot run here: {'; '.join(unsupported)}")

@@ -56,6 +56,7 @@ def test_hung_rank_is_named_and_killed(pool: RankPool) -> None:
     failure, pids, elapsed = _fail(pool, tasks.hang_on_rank_1)
     message = str(failure)
     assert failure.culprits == (1,)
+    assert failure.during == "hang_on_rank_1"
     assert message.startswith("rank 1 did not finish hang_on_rank_1 within the 5 s timeout")
     assert "rank 0 (pid" in message and "blocked in torch.distributed" in message
     assert "in hang_on_rank_1" in message  # rank 1's Python stack, dumped before the kill
@@ -102,6 +103,21 @@ def test_unpicklable_result_is_reported(pool: RankPool) -> None:
     failure, _, _ = _fail(pool, tasks.unpicklable_result)
     assert failure.culprits == (0, 1)
     assert "Can't pickle" in str(failure) or "cannot pickle" in str(failure).lower()
+
+
+def test_ranks_that_cannot_start_fail_the_start() -> None:
+    """NCCL ranks on a machine without CUDA: the start fails (fast, not after the timeout), naming every rank."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: NCCL ranks would start")
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        RankPool(timeout_s=TIMEOUT_S).run(tasks.whoami, world_size=2, backend="nccl")
+    assert info.value.during == "start"
+    assert info.value.culprits == (0, 1)
+    assert str(info.value).startswith("ranks 0, 1 raised during start")
+    assert time.monotonic() - started < 120
 
 
 def test_closed_pool_leaves_nothing(pool: RankPool) -> None:
