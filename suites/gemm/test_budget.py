@@ -31,7 +31,7 @@ from pytest_moeperf.topology import Topology
 pytestmark = pytest.mark.gemm
 
 MODEL, TP, BATCH = "kimi-k2.5", 8, 1
-CPU_TOLERANCE = 1.0  # see test_gemm.CPU_TOLERANCE
+CPU_TOLERANCE = 0.75  # as test_gemm.CPU_TOLERANCE
 
 
 def test_decode_budget_allreduce_share(perf: Perf, moeperf_settings: Settings, topology: Topology,

@@ -38,9 +38,10 @@ GPU_MODELS = ("kimi-k2.5", "deepseek-v3")
 CPU_OP_MS = {"shared_gate_up": (1, 8, 32), "shared_down": (1, 8, 32), "gate_up": (1, 8), "down": (1, 8)}
 CPU_QUICK_MS = (1,)
 
-#: Relative tolerance of CPU metrics. On the 2-core CI box shared with other jobs, A/A runs moved medians by up to
-#: +87 % / -55 % (load average 4-8), so only a change of 2x or more is called a regression there.
-CPU_TOLERANCE = 1.0
+#: Relative tolerance of CPU metrics. CPU samples are thread CPU time (see gemm.CPU_CLOCK); on the shared 2-core
+#: CI box three A/A runs against one baseline moved medians by a median 7-12 %, at most -15 % / +51 % (the 56-expert
+#: M=8 cases, whose 0.4-0.8 GB working set competes for memory bandwidth with other jobs).
+CPU_TOLERANCE = 0.75
 
 
 def _cases() -> list[object]:
