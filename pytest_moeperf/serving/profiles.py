@@ -24,6 +24,7 @@ __all__ = [
 ]
 
 TINY_MOE = "tiny-moe"
+TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
 
 
@@ -44,9 +45,11 @@ class Tolerances:
     """Relative regression tolerances per metric family for this profile's box (its noise); None defers to
     the ``moeperf_threshold`` marker, the CLI/ini tolerance or the default."""
 
-    latency: float | None = None
+    latency: float | None = None  # TPOT, ITL, E2EL
+    ttft: float | None = None  # queueing makes it the noisiest latency
     throughput: float | None = None
     acceptance: float | None = None
+    speedup: float | None = None  # a ratio of two TPOTs: about the noise of both
 
 
 @dataclass(frozen=True)
@@ -170,9 +173,9 @@ def _from_json(path: Path) -> ServeProfile:
     if bad:
         raise ProfileError(f"{path}: unknown threshold(s) {bad}")
     tol = get("tolerances", dict, {})
-    bad = sorted(set(tol) - {"latency", "throughput", "acceptance"})
+    bad = sorted(set(tol) - set(TOLERANCE_FIELDS))
     if bad:
-        raise ProfileError(f"{path}: unknown tolerance(s) {bad}; known: latency, throughput, acceptance")
+        raise ProfileError(f"{path}: unknown tolerance(s) {bad}; known: {', '.join(TOLERANCE_FIELDS)}")
     timeout = get("startup_timeout_s", (int, float), None)
     return ServeProfile(
         name=name,
@@ -190,11 +193,7 @@ def _from_json(path: Path) -> ServeProfile:
             min_acceptance_length=_opt_float(path, th, "min_acceptance_length"),
             min_speedup=_opt_float(path, th, "min_speedup"),
         ),
-        tolerances=Tolerances(
-            latency=_opt_float(path, tol, "latency"),
-            throughput=_opt_float(path, tol, "throughput"),
-            acceptance=_opt_float(path, tol, "acceptance"),
-        ),
+        tolerances=Tolerances(**{name: _opt_float(path, tol, name) for name in TOLERANCE_FIELDS}),
         startup_timeout_s=None if timeout is None else float(timeout),
         description=get("description", str, ""),
     )

@@ -4,7 +4,8 @@ Every profile (the no-speculation reference and each draft candidate) decodes th
 natural repetition (``ignore_eos``, fixed output length) at each concurrency. A candidate's acceptance comes from
 vLLM's spec-decode counters over exactly its measured window; its speedup is the reference's median TPOT over
 its own, same model, build and workload. Thresholds (minimum acceptance length and speedup) live in the
-candidate's profile; the comparison table of candidates is in the reports.
+candidate's profile; the comparison table of candidates is in the reports. The speedup test alternates
+reference and candidate windows on the same prompts, so that both see the same state of a shared machine.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.specdecode import speedup
 from pytest_moeperf.settings import Settings
 
-pytestmark = pytest.mark.specdecode
+# Per-request latencies spread with the workload (queueing, prompt mix), not with run-to-run noise: judge them
+# against the profile's tolerance (chosen from an A/A rerun on that box), not against a multiple of their IQR.
+pytestmark = [pytest.mark.specdecode, pytest.mark.moeperf_threshold(noise_k=0.0)]
 
 PROMPTS = Path(__file__).parent / "prompts" / "repetitive.json"
 
@@ -50,18 +53,11 @@ PLAN = [pytest.param(p, c, id=f"{p}-c{c}") for p in CPU_CANDIDATES for c in (1, 
 SPECULATIVE_PLAN = [p for p in PLAN if "nospec" not in str(p.values[0])]
 
 
-Windows = dict[tuple[str, int], SpecWindow]
-
-
-def decode_window(served: Served, concurrency: int, cache: Windows, quick: bool) -> SpecWindow:
-    """The profile's window at this concurrency, measured once per session, shared by the tests that need it."""
-    key = (served.profile.name, concurrency)
-    if key not in cache:
-        wl = WORKLOADS[served.profile.device]
-        count = max(8, wl.requests // 2) if quick else wl.requests
-        requests = served.prompt_set(PROMPTS, count + wl.warmup, wl.output_len, seed=0)
-        cache[key] = served.measure(requests[wl.warmup :], ClosedLoop(concurrency), warmup=requests[: wl.warmup])
-    return cache[key]
+def decode_window(served: Served, concurrency: int, quick: bool) -> SpecWindow:
+    wl = WORKLOADS[served.profile.device]
+    count = max(8, wl.requests // 2) if quick else wl.requests
+    requests = served.prompt_set(PROMPTS, count + wl.warmup, wl.output_len, seed=0)
+    return served.measure(requests[wl.warmup :], ClosedLoop(concurrency), warmup=requests[: wl.warmup])
 
 
 def median_tpot_ms(window: SpecWindow) -> float:
@@ -86,17 +82,16 @@ def test_decode(
     served: Served,
     concurrency: int,
     perf: PerfRecorder,
-    spec_windows: Windows,
     moeperf_settings: Settings,
 ) -> None:
     """TPOT, ITL, TTFT and output throughput of the profile; acceptance figures when it speculates."""
-    result = decode_window(served, concurrency, spec_windows, moeperf_settings.quick)
+    result = decode_window(served, concurrency, moeperf_settings.quick)
     describe(perf, served, concurrency)
     tol = served.profile.tolerances
     samples = latency_samples(result.window.outcomes)
     perf.record("tpot_ms", samples["tpot"], unit="ms", better="lower", tolerance=tol.latency)
     perf.record("itl_mean_ms", result.window.metrics.itl_ms.mean, unit="ms", better="lower", tolerance=tol.latency)
-    perf.record("ttft_ms", samples["ttft"], unit="ms", better="lower", tolerance=tol.latency)
+    perf.record("ttft_ms", samples["ttft"], unit="ms", better="lower", tolerance=tol.ttft)
     perf.record(
         "output_throughput", result.window.metrics.output_throughput, unit="tok/s", better="higher",
         tolerance=tol.throughput,
@@ -118,31 +113,40 @@ def test_decode(
         )
 
 
+def paired_speedups(reference: Served, candidate: Served, concurrency: int, quick: bool) -> list[float]:
+    """Per-round speedups from windows that alternate reference and candidate on the same prompts, so both see
+    the same machine state (a shared CI box drifts more between minutes than between neighbouring seconds)."""
+    wl = WORKLOADS[candidate.profile.device]
+    rounds = 2 if quick else 4
+    per_round = max(2 * concurrency, wl.requests // rounds)
+    ratios = []
+    for r in range(rounds):
+        requests = candidate.prompt_set(PROMPTS, per_round, wl.output_len, seed=100 + r)
+        ref = reference.measure(requests, ClosedLoop(concurrency))
+        cand = candidate.measure(requests, ClosedLoop(concurrency))
+        check_failures(ref.window.metrics)
+        check_failures(cand.window.metrics)
+        ratios.append(speedup(median_tpot_ms(ref), median_tpot_ms(cand)))
+    return ratios
+
+
 @pytest.mark.parametrize(("served", "concurrency"), SPECULATIVE_PLAN, indirect=["served"])
 def test_speedup(
-    served: Served,
-    concurrency: int,
-    perf: PerfRecorder,
-    serve: ServerPool,
-    spec_windows: Windows,
-    moeperf_settings: Settings,
+    served: Served, concurrency: int, perf: PerfRecorder, serve: ServerPool, moeperf_settings: Settings
 ) -> None:
-    """Speedup = reference median TPOT / candidate median TPOT, on the same workload and concurrency."""
+    """Speedup = reference median TPOT / candidate median TPOT, same workload and concurrency, per round of
+    alternating windows; the median round is judged and must reach the profile's ``min_speedup``."""
     reference_name = served.profile.reference
     assert reference_name is not None, f"profile {served.profile.name} names no reference profile"
-    reference = serve(reference_name)
-    cand = decode_window(served, concurrency, spec_windows, moeperf_settings.quick)
-    ref = decode_window(reference, concurrency, spec_windows, moeperf_settings.quick)
-    check_failures(cand.window.metrics)
-    check_failures(ref.window.metrics)
-    ratio = speedup(median_tpot_ms(ref), median_tpot_ms(cand))
+    ratios = paired_speedups(serve(reference_name), served, concurrency, moeperf_settings.quick)
     describe(perf, served, concurrency)
     perf.context(reference=reference_name)
-    perf.record("speedup", ratio, unit="x", better="higher", tolerance=served.profile.tolerances.latency)
+    perf.record("speedup", ratios, unit="x", better="higher", tolerance=served.profile.tolerances.speedup)
     floor = served.profile.thresholds.min_speedup
+    middle = percentile(ratios, 50.0)
     if floor is not None:
-        assert ratio >= floor, (
-            f"{served.profile.name} at concurrency {concurrency} does not pay for itself: TPOT "
-            f"{median_tpot_ms(cand):.2f} ms vs {median_tpot_ms(ref):.2f} ms without speculation, "
-            f"speedup {ratio:.2f}x < required {floor:.2f}x"
+        assert middle >= floor, (
+            f"{served.profile.name} at concurrency {concurrency} does not pay for itself: median speedup "
+            f"{middle:.2f}x over {len(ratios)} rounds (each: {', '.join(f'{x:.2f}' for x in ratios)}) "
+            f"< required {floor:.2f}x against {reference_name}"
         )
