@@ -204,7 +204,8 @@ def _build(rank: Rank, task: AllReduceTask) -> _Impl:
 
         info: dict[str, str] = {}
         if task.backend == "nccl":
-            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
+            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
         return _Impl(buf, run_pg, info)
     if task.backend.startswith("symm_mem_"):
         return _build_symm_mem(rank, task, numel, dtype)
@@ -229,16 +230,19 @@ def _build_symm_mem(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dt
     group_name = group.group_name
     key = f"symm_mem:{task.capacity_bytes}"
     if key not in _CACHE:
-        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        if enable is not None:  # deprecated (a no-op) in recent torch, required in older ones
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                enable(group_name)
-        capacity = task.capacity_bytes // torch.tensor([], dtype=dtype).element_size()
-        buffer = symm_mem.empty(capacity, dtype=dtype, device=rank.device)
-        handle = symm_mem.rendezvous(buffer, group_name)
         for old in [k for k in _CACHE if k.startswith("symm_mem:")]:
             del _CACHE[old]  # a buffer of another capacity
+        capacity = task.capacity_bytes // torch.tensor([], dtype=dtype).element_size()
+        try:
+            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+            if enable is not None:  # deprecated (a no-op) in recent torch, required in older ones
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    enable(group_name)
+            buffer = symm_mem.empty(capacity, dtype=dtype, device=rank.device)
+            handle = symm_mem.rendezvous(buffer, group_name)
+        except Exception as exc:  # noqa: BLE001 - "where it runs": a setup failure is the reason to skip
+            raise _Unsupported(f"symmetric memory setup failed: {type(exc).__name__}: {exc}") from None
         _CACHE[key] = (buffer, handle)
     buffer, _handle = _CACHE[key]
     view = buffer[:numel]
@@ -248,8 +252,11 @@ def _build_symm_mem(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dt
         out = op(view, "sum", group_name)
         return view if out is None else out  # type: ignore[no-any-return]
 
-    get_backend = getattr(symm_mem, "get_backend", None)
-    info = {"symm_mem_backend": str(get_backend(rank.device))} if get_backend is not None else {}
+    info: dict[str, str] = {}
+    try:
+        info["symm_mem_backend"] = str(symm_mem.get_backend(rank.device))
+    except Exception:  # noqa: BLE001 - only a label for the report; older torch has no get_backend
+        pass
     return _Impl(view, run_symm, info)
 
 
@@ -265,8 +272,10 @@ def _build_vllm(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dtype)
     if key not in _CACHE:
         cpu_group = _CACHE.get("gloo_group") or dist.new_group(backend="gloo")
         _CACHE["gloo_group"] = cpu_group
-        # vLLM takes inputs strictly smaller than max_size; keep 1 MiB of headroom.
-        _CACHE[key] = CustomAllreduce(cpu_group, rank.device, max_size=task.capacity_bytes + (1 << 20))
+        try:  # vLLM takes inputs strictly smaller than max_size: keep 1 MiB of headroom
+            _CACHE[key] = CustomAllreduce(cpu_group, rank.device, max_size=task.capacity_bytes + (1 << 20))
+        except Exception as exc:  # noqa: BLE001 - "when it runs": a setup failure is the reason to skip
+            raise _Unsupported(f"vLLM's CustomAllreduce could not be set up: {type(exc).__name__}: {exc}") from None
     comm = _CACHE[key]
     if comm.disabled:
         raise _Unsupported("vLLM disabled its custom all-reduce on this machine (see its log: world size, "

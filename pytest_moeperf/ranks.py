@@ -90,12 +90,13 @@ class RankFailure(Exception):
     """A multi-rank run failed; the message names the rank(s) and what happened to each.
 
     ``culprits``: the ranks to blame, most likely first; ``during``: ``"start"`` (the group could not start) or
-    the task's name."""
+    the task's name; ``timed_out``: whether some rank was still running at the timeout (else one raised or died)."""
 
-    def __init__(self, message: str, culprits: Sequence[int], during: str = "") -> None:
+    def __init__(self, message: str, culprits: Sequence[int], during: str = "", timed_out: bool = False) -> None:
         super().__init__(message)
         self.culprits = tuple(culprits)
         self.during = during
+        self.timed_out = timed_out
 
 
 @dataclass
@@ -345,8 +346,9 @@ class RankGroup:
                 outcomes[rank] = _Outcome("exited", returncode=proc.returncode)
         self._dump_stacks(pending, outcomes)
         self.close(graceful=False)
-        raise RankFailure(self._failure_message(what, outcomes, timeout_s, elapsed, failed_at is None),
-                          self._culprits(outcomes), what)
+        timed_out = failed_at is None
+        raise RankFailure(self._failure_message(what, outcomes, timeout_s, elapsed, timed_out),
+                          self._culprits(outcomes), what, timed_out)
 
     def _receive(self, rank: int, conn: Connection) -> _Outcome:
         try:

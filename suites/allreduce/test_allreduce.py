@@ -102,7 +102,10 @@ def test_allreduce(backend: str, message: Message, in_quick: bool, ranks: RankPo
     try:
         results = ranks.run(measure_allreduce, task, world_size=world, backend=spec.process_group)
     except RankFailure as exc:
-        failed_backends[spec.process_group if exc.during == "start" else backend] = request.node.nodeid
+        # A group that cannot start, or a hang (which costs the whole timeout), stops every backend of its
+        # process group; an error stops this backend.
+        systemic = exc.during == "start" or exc.timed_out
+        failed_backends[spec.process_group if systemic else backend] = request.node.nodeid
         raise
     unsupported = sorted({r.unsupported for r in results if r.unsupported})
     if unsupported:

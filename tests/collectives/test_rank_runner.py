@@ -56,7 +56,7 @@ def test_hung_rank_is_named_and_killed(pool: RankPool) -> None:
     failure, pids, elapsed = _fail(pool, tasks.hang_on_rank_1)
     message = str(failure)
     assert failure.culprits == (1,)
-    assert failure.during == "hang_on_rank_1"
+    assert failure.during == "hang_on_rank_1" and failure.timed_out
     assert message.startswith("rank 1 did not finish hang_on_rank_1 within the 5 s timeout")
     assert "rank 0 (pid" in message and "blocked in torch.distributed" in message
     assert "in hang_on_rank_1" in message  # rank 1's Python stack, dumped before the kill
@@ -70,6 +70,7 @@ def test_raising_rank_is_named_with_its_traceback(pool: RankPool) -> None:
     message = str(failure)
     assert failure.culprits == (1,)
     assert message.startswith("rank 1 raised during raise_on_rank_1")
+    assert not failure.timed_out
     assert "Traceback (most recent call last)" in message
     assert "ValueError: rank 1 refuses to add" in message
     assert elapsed < TIMEOUT_S  # a failure does not wait for the timeout
