@@ -3,7 +3,8 @@
 #   1. `moeperf topology` (probe) -> topology.txt
 #   2. pytest suites/allreduce suites/gemm --moeperf-update   (writes baselines/<slug>/...)   -> update.log/.json
 #   3. the same without --moeperf-update: an A/A run against the baselines just written        -> aa.log/.json
-#   4. `moeperf budget` for Kimi-K2.5 TP=8 batch 1 from the A/A report and from the baselines  -> summary.txt
+#   4. `moeperf budget` for Kimi-K2.5 TP=8 batch 1 from the reports, from the baselines, and from the A/A report
+#      scaled to the 8x RTX PRO 6000 PCIe topology with an all-reduce latency given; roofline % per case -> summary.txt
 #   5. baselines/ as a tarball                                                                  -> baselines.tar.gz
 # Everything lands in $OUT (7 files). Each step continues when an earlier one failed. Whole batch < 8 minutes:
 # each pytest run gets a GEMM deadline (remaining GEMM cases skip, the session still ends and writes its
@@ -79,9 +80,9 @@ for src in "--from-report $OUT/aa.json" "--from-report $OUT/update.json" "--base
   $PY -m pytest_moeperf.cli budget --model kimi-k2.5 --tp 8 --batch 1 $src >>"$SUMMARY" 2>&1
   note "budget rc=$?"
 done
-note "moeperf budget with the 8x RTX PRO 6000 PCIe topology, all-reduce 30 us given"
+note "moeperf budget: A/A GEMMs scaled to the 8x RTX PRO 6000 PCIe topology, all-reduce 30 us given"
 $PY -m pytest_moeperf.cli budget --model kimi-k2.5 --batch 1 --topology 8x-rtx-pro-6000-pcie \
-  --allreduce-us 30 >>"$SUMMARY" 2>&1
+  --from-report "$OUT/aa.json" --allreduce-us 30 >>"$SUMMARY" 2>&1
 note "budget rc=$?"
 
 # roofline % of a few headline cases, from the A/A report
