@@ -19,6 +19,7 @@ import faulthandler
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -214,6 +215,7 @@ class RankGroup:
         self._from_rank: list[Connection] = []
         self._main_idents: list[int | None] = [None] * world_size
         self._store: Any = None
+        self._keep_logs = False  # after a failure the message points at the logs
         self.alive = False
         self._start()
 
@@ -286,6 +288,8 @@ class RankGroup:
             conn.close()
         self._to_rank, self._from_rank = [], []
         self._store = None
+        if not self._keep_logs:
+            shutil.rmtree(self._logdir, ignore_errors=True)
 
     def _terminate(self) -> None:
         for sig, grace in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, _KILL_GRACE_S)):
@@ -345,6 +349,7 @@ class RankGroup:
             if proc.poll() is not None:
                 outcomes[rank] = _Outcome("exited", returncode=proc.returncode)
         self._dump_stacks(pending, outcomes)
+        self._keep_logs = True
         self.close(graceful=False)
         timed_out = failed_at is None
         raise RankFailure(self._failure_message(what, outcomes, timeout_s, elapsed, timed_out),

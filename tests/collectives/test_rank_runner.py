@@ -60,6 +60,8 @@ def test_hung_rank_is_named_and_killed(pool: RankPool) -> None:
     assert message.startswith("rank 1 did not finish hang_on_rank_1 within the 5 s timeout")
     assert "rank 0 (pid" in message and "blocked in torch.distributed" in message
     assert "in hang_on_rank_1" in message  # rank 1's Python stack, dumped before the kill
+    logdir = Path(message.rsplit("logs in ", 1)[1].split()[0])
+    assert (logdir / "rank1.log").exists()  # kept: the message points at it
     assert TIMEOUT_S <= elapsed < WITHIN_S
     assert leftover_processes(pids) == []
     assert not any(_alive(pid) for pid in pids)
@@ -122,9 +124,11 @@ def test_ranks_that_cannot_start_fail_the_start() -> None:
 
 
 def test_closed_pool_leaves_nothing(pool: RankPool) -> None:
-    pids = pool.group(2, "gloo").pids
+    group = pool.group(2, "gloo")
+    pids, logdir = group.pids, group.log_path(0).parent
     pool.close()
     assert not any(_alive(pid) for pid in pids)
+    assert not logdir.exists()  # logs are kept only when a failure message points at them
 
 
 def test_rank_timeout_option_reaches_the_fixture(run_moeperf, pytester: pytest.Pytester) -> None:  # type: ignore[no-untyped-def]
