@@ -103,4 +103,4 @@ def test_missing_topology_file_names_the_bundled_ones(pytester: pytest.Pytester,
     pytester.makepyfile("def test_t():\n    pass\n")
     result = run_moeperf("--moeperf-topology", "no-such-box")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*'no-such-box' not found (bundled names: 8x-rtx-pro-6000-pcie*"])
+    result.stderr.fnmatch_lines(["*'no-such-box' not found (bundled names: 2x-h200-nvlink, 8x-rtx-pro-6000-pcie*"])
