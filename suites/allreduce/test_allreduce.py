@@ -60,6 +60,11 @@ CPU_WORLD = 2
 #: Relative tolerance of the gloo metrics. On 2 shared cores, across five A/A runs, a case's median of per-block
 #: minima moved by up to ~80 % (median case ~30 %): gloo on CPU catches only gross (> 2x) regressions.
 CPU_TOLERANCE = 1.0
+#: Relative tolerance of eager (host-launched) GPU all-reduces. On the 2x H200 VM an A/A pair of runs moved the
+#: eager medians by a median 2 % but up to 84 % (host launch jitter), while the CUDA-graph figures of the same cases
+#: moved by at most 2.4 %: eager is reported for information and only gross (> 2x) regressions fail it; the graph
+#: metrics keep the default tolerance.
+GPU_EAGER_TOLERANCE = 1.0
 #: --moeperf-quick keeps these decode batches and every 4th sweep size.
 QUICK_BATCHES = (1, 256)
 
@@ -111,7 +116,7 @@ def test_allreduce(backend: str, message: Message, in_quick: bool, ranks: RankPo
     if unsupported:
         pytest.skip(f"{backend} cannot run here: {'; '.join(unsupported)}")
 
-    tolerance = CPU_TOLERANCE if spec.process_group == "gloo" else None
+    cpu = spec.process_group == "gloo"
     perf.context(op="allreduce", backend=backend, bytes=message.nbytes, world=world,
                  dtype=results[0].dtype, batch=message.batch, model=MODEL if message.batch else None,
                  **results[0].info)
@@ -119,6 +124,7 @@ def test_allreduce(backend: str, message: Message, in_quick: bool, ranks: RankPo
         rank, latency = slowest_rank([r.samples[mode] for r in results])
         algbw = [algbw_gbps(message.nbytes, t) for t in latency]
         context = {"mode": mode, "slowest_rank": rank}
+        tolerance = CPU_TOLERANCE if cpu else (GPU_EAGER_TOLERANCE if mode == "eager" else None)
         perf.record(f"latency_{mode}", latency, unit="us", better="lower",
                     tolerance=tolerance, context=context)
         perf.record(f"algbw_{mode}", algbw, unit="GB/s", better="higher",

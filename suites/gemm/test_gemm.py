@@ -42,6 +42,12 @@ CPU_QUICK_MS = (1,)
 #: CI box three A/A runs against one baseline moved medians by a median 7-12 %, at most -15 % / +51 % (the 56-expert
 #: M=8 cases, whose 0.4-0.8 GB working set competes for memory bandwidth with other jobs).
 CPU_TOLERANCE = 0.75
+#: Relative tolerances on GPU, from an A/A pair of full runs on the 2x H200 (224 cases): decode cases (M <= 128)
+#: moved by a median 0.2 %, at most 9.9 % (fused_qkv_a M=1, 12.3 -> 13.6 us); cases with M >= 256 follow the SM
+#: clock and moved by up to 16 % (prefill M=2048) and 11 % (M=256).
+GPU_DECODE_TOLERANCE = 0.15
+GPU_COMPUTE_TOLERANCE = 0.25
+GPU_COMPUTE_MIN_M = 256
 
 
 def _cases() -> list[object]:
@@ -87,7 +93,10 @@ def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_s
         threads=timed.threads, clock=gemm.CPU_CLOCK_NAME if gemm_device == "cpu" else "cuda_graph_events",
         rel_err=float(f"{timed.rel_err:.3g}"),
     )
-    tol = CPU_TOLERANCE if gemm_device == "cpu" else None
+    if gemm_device == "cpu":
+        tol = CPU_TOLERANCE
+    else:
+        tol = GPU_COMPUTE_TOLERANCE if m >= GPU_COMPUTE_MIN_M else GPU_DECODE_TOLERANCE
     samples = timed.samples
     wbytes = problem.weight_bytes(impl)
     perf.record("time", samples, unit="us", better="lower", tolerance=tol)
