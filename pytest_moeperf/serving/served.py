@@ -19,23 +19,38 @@ from pytest_moeperf.serving.loadgen import (
 )
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prometheus import parse
+from pytest_moeperf.serving.prometheus import Scrape, parse
 from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, http_get
 from pytest_moeperf.serving.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
 
-__all__ = ["Served", "SpecWindow"]
+__all__ = ["Served", "SpecWindow", "histogram_mean_delta"]
 
 log = logging.getLogger("pytest_moeperf.serving")
 
 Server = LaunchedServer | AttachedServer
 
 
+ENGINE_TPOT = "vllm:request_time_per_output_token_seconds"
+
+
 @dataclass(frozen=True)
 class SpecWindow:
-    """A measured window and, for a speculative server, the acceptance over that same window."""
+    """A measured window; for a speculative server, the acceptance over that same window; and the engine's own
+    mean TPOT of the requests finished in it (from engine-core timestamps: unlike the client's TPOT it does not
+    move when the API server coalesces tokens into fewer SSE chunks), or None if the server lacks the metric."""
 
     window: WindowResult
     acceptance: AcceptanceStats | None
+    engine_tpot_ms: float | None = None
+
+
+def histogram_mean_delta(before: Scrape, after: Scrape, name: str) -> float | None:
+    """Mean of the observations a Prometheus histogram received between two scrapes (None if none)."""
+    sum0, sum1 = before.total(name + "_sum"), after.total(name + "_sum")
+    n0, n1 = before.total(name + "_count"), after.total(name + "_count")
+    if sum0 is None or sum1 is None or n0 is None or n1 is None or n1 <= n0:
+        return None
+    return (sum1 - sum0) / (n1 - n0)
 
 
 @dataclass(frozen=True)
@@ -98,13 +113,15 @@ class Served:
         client = self.client(endpoint)
         if warmup:
             client.run(warmup, shape)
-        before = self.spec_counters()
+        first = parse(self.scrape())
         window = client.run(requests, shape, slo=slo)
-        after = self.spec_counters()
+        last = parse(self.scrape())
+        before, after = SpecDecodeCounters.from_scrape(first), SpecDecodeCounters.from_scrape(last)
         stats = None
         if before is not None and after is not None and after.drafts > before.drafts:
             stats = acceptance(before, after)
-        return SpecWindow(window=window, acceptance=stats)
+        engine_tpot = histogram_mean_delta(first, last, ENGINE_TPOT)
+        return SpecWindow(window, stats, None if engine_tpot is None else engine_tpot * 1000.0)
 
 
 def vocab_size_of(model_dir: Path) -> int | None:

@@ -122,7 +122,7 @@ COLUMNS: tuple[str, ...] = (
     "concurrency",
     "accept len",
     "accept rate",
-    "TPOT ms (median)",
+    "TPOT ms",
     "output tok/s",
     "speedup",
 )

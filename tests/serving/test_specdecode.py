@@ -65,3 +65,14 @@ def test_speedup_and_table() -> None:
     assert cols[0] == "profile" and len(cols) == len(rows[0])
     assert [r[0] for r in rows] == ["eagle", "ngram", "nospec", "ngram"]
     assert rows[0][3] == "3.00" and rows[0][-1] == "2.00x" and rows[2][-1] == "-"
+
+
+def test_histogram_mean_over_a_window() -> None:
+    from pytest_moeperf.serving.served import histogram_mean_delta
+
+    name = "vllm:request_time_per_output_token_seconds"
+    before = parse(f'{name}_sum{{engine="0"}} 1.5\n{name}_count{{engine="0"}} 10\n')
+    after = parse(f'{name}_sum{{engine="0"}} 2.1\n{name}_count{{engine="0"}} 30\n')
+    assert histogram_mean_delta(before, after, name) == pytest.approx(0.6 / 20)
+    assert histogram_mean_delta(before, before, name) is None  # nothing observed in the window
+    assert histogram_mean_delta(parse("x 1\n"), after, name) is None  # server without the metric
