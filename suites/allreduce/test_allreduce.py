@@ -60,11 +60,12 @@ CPU_WORLD = 2
 #: Relative tolerance of the gloo metrics. On 2 shared cores, across five A/A runs, a case's median of per-block
 #: minima moved by up to ~80 % (median case ~30 %): gloo on CPU catches only gross (> 2x) regressions.
 CPU_TOLERANCE = 1.0
-#: Relative tolerance of eager (host-launched) GPU all-reduces. On the 2x H200 VM an A/A pair of runs moved the
-#: eager medians by a median 2 % but up to 84 % (host launch jitter), while the CUDA-graph figures of the same cases
-#: moved by at most 2.4 %: eager is reported for information and only gross (> 2x) regressions fail it; the graph
-#: metrics keep the default tolerance.
-GPU_EAGER_TOLERANCE = 1.0
+#: Relative tolerance of eager (host-launched) GPU all-reduces. Eager latency is host launch cost: on the 2x H200
+#: VMs an A/A pair on one machine moved eager medians by up to 84 %, and a second leased machine measured the same
+#: cases at 2.0-2.5x the first one's (e.g. NCCL 128 KiB: 25 -> 59 us), while the CUDA-graph figures of every case
+#: stayed within 2.4 % on both. So the graph metrics gate with the default tolerance; eager is reported apart and
+#: fails only past 4x (a lost graph path, a sync per call).
+GPU_EAGER_TOLERANCE = 3.0
 #: --moeperf-quick keeps these decode batches and every 4th sweep size.
 QUICK_BATCHES = (1, 256)
 
