@@ -76,12 +76,13 @@ class ServerPool:
         if served is not None:
             try:
                 served.server.alive_or_raise()
+                return served
             except ServerDied as exc:
                 self._broken[name] = f"serve profile {name!r}: {exc}"
-                pytest.fail(self._broken[name], pytrace=False)
-            return served
+            pytest.fail(self._broken[name], pytrace=False)
+        fresh: Served | None = None
         if self.server_url is not None:
-            served = self._attach(profile, self.server_url)
+            fresh = self._attach(profile, self.server_url)
         else:
             reason = unmet_requirement(
                 profile,
@@ -91,12 +92,13 @@ class ServerPool:
             if reason is not None:
                 pytest.skip(reason)
             try:
-                served = self._launch(profile)
+                fresh = self._launch(profile)
             except ServerStartError as exc:
                 self._broken[name] = f"serve profile {name!r}: {exc}"
-                pytest.fail(self._broken[name], pytrace=False)
-        self._served[name] = served
-        return served
+        if fresh is None:  # failed outside the except block: no "during handling" chain in the report
+            raise pytest.fail.Exception(self._broken[name], pytrace=False)
+        self._served[name] = fresh
+        return fresh
 
     def _launch(self, profile: ServeProfile) -> Served:
         if profile.model == TINY_MOE:
@@ -256,4 +258,5 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     try:
         return (yield)
     except ServerDied as exc:
-        pytest.fail(str(exc), pytrace=False)
+        message = str(exc)
+    pytest.fail(message, pytrace=False)  # outside the except: no "during handling" chain in the report

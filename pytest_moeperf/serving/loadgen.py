@@ -128,18 +128,23 @@ def random_token_requests(
     input_len: int,
     output_len: int,
     *,
-    token_range: tuple[int, int],
+    token_range: tuple[int, int] | None = None,
+    vocabulary: Sequence[int] = (),
     seed: int = 0,
 ) -> list[Request]:
-    """Prompts of exactly ``input_len`` uniformly random token ids from ``token_range`` (half-open), with
-    ``ignore_eos`` so every request generates exactly ``output_len`` tokens."""
-    low, high = token_range
-    if not 0 <= low < high:
-        raise ValueError(f"token_range must satisfy 0 <= low < high, got {token_range}")
+    """Prompts of exactly ``input_len`` uniformly random token ids, drawn from ``token_range`` (half-open) or
+    from ``vocabulary`` (ids known to be valid), with ``ignore_eos`` so every request generates exactly
+    ``output_len`` tokens."""
+    if vocabulary:
+        pool: Sequence[int] = tuple(vocabulary)
+    elif token_range is not None and 0 <= token_range[0] < token_range[1]:
+        pool = range(*token_range)
+    else:
+        raise ValueError(f"need a vocabulary or a token_range with 0 <= low < high, got {token_range}")
     rng = random.Random(seed)
     return [
         Request(
-            prompt=tuple(rng.randrange(low, high) for _ in range(input_len)),
+            prompt=tuple(rng.choice(pool) for _ in range(input_len)),
             max_tokens=output_len,
             prompt_tokens=input_len,
         )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import string
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,9 +84,24 @@ class Served:
         )
 
     def random_requests(self, count: int, input_len: int, output_len: int, *, seed: int = 0) -> list[Request]:
-        """Random-token prompts; ids avoid the first 16 (specials live there in the tiny model)."""
-        high = min(self.vocab_size or 32000, 32000)
-        return random_token_requests(count, input_len, output_len, token_range=(16, high), seed=seed)
+        """Random-token prompts. With a known vocabulary: ids in [16, min(vocab, 32000)) (the tiny model's
+        specials sit below 16). Otherwise (an attached server): ids the server's own tokenizer produced."""
+        if self.vocab_size is not None:
+            high = min(self.vocab_size, 32000)
+            return random_token_requests(count, input_len, output_len, token_range=(16, high), seed=seed)
+        return random_token_requests(count, input_len, output_len, vocabulary=self.token_pool(), seed=seed)
+
+    def token_pool(self) -> tuple[int, ...]:
+        """Distinct token ids of a seeded random-letter text, tokenized by the server (``POST /tokenize``)."""
+        rng = random.Random(0)
+        words = ("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(3000))
+        body = json.dumps({"model": self.profile.served_model_name, "prompt": " ".join(words)}).encode()
+        req = urllib.request.Request(
+            self.base_url + "/tokenize", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=30.0) as resp:  # noqa: S310 (the server under test)
+            tokens = json.loads(resp.read())["tokens"]
+        return tuple(sorted({int(t) for t in tokens}))
 
     @staticmethod
     def prompt_set(path: Path, count: int, output_len: int, *, seed: int = 0) -> list[Request]:

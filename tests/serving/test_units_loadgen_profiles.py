@@ -52,6 +52,10 @@ def test_random_token_requests_are_exact_and_seeded() -> None:
     assert all(16 <= t < 512 for r in reqs for t in r.prompt)
     assert reqs == random_token_requests(5, 128, 64, token_range=(16, 512), seed=7)
     assert reqs != random_token_requests(5, 128, 64, token_range=(16, 512), seed=8)
+    from_vocab = random_token_requests(3, 50, 8, vocabulary=(7, 11, 13), seed=0)
+    assert {t for r in from_vocab for t in r.prompt} <= {7, 11, 13}
+    with pytest.raises(ValueError):
+        random_token_requests(1, 4, 4, token_range=(5, 5))
 
 
 def test_bundled_prompt_set_cycles_deterministically() -> None:
