@@ -1,0 +1,1 @@
+"""End-to-end serving: tiny model, serve profiles, server launch/attach, load generator, metrics, spec decode."""
