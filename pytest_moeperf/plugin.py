@@ -23,7 +23,6 @@ PLUGIN_MODULES = (
     "pytest_moeperf.collectives",
     "pytest_moeperf.budget",
     "pytest_moeperf.serving.fixtures",
-    "pytest_moeperf.serving.specdecode",
 )
 
 MARKERS = (
