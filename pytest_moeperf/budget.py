@@ -61,6 +61,8 @@ __all__ = [
 #: Implementations preferred for the routed experts (Kimi's are INT4 W4A16: deployed kernels first) and for
 #: everything else (bf16 in the checkpoint).
 ROUTED_PREFERENCE = ("marlin_moe", "marlin", "int4", "grouped", "bf16")
+#: What ``--routed-impl`` accepts: one implementation, or ``floor`` (the weight-bandwidth floor estimate).
+ROUTED_IMPL_CHOICES = (*ROUTED_PREFERENCE, "floor")
 DENSE_PREFERENCE = ("bf16",)
 ALLREDUCE_BACKEND_PREFERENCE = ("nccl",)
 NOT_MODELLED = "attention core (KV-cache read), norms, rope, top-k, activation, sampling"
@@ -188,6 +190,7 @@ def build_budget(
     *,
     device: DeviceSpec | None = None,
     allreduce_source: str = "",
+    routed_impl: str | None = None,
 ) -> Budget:
     """The decode-step budget of ``spec`` at ``tp`` and ``batch``.
 
@@ -197,12 +200,20 @@ def build_budget(
     with a ``device`` whose bandwidth is known, a roofline floor estimate labelled as such; otherwise the row has
     no time and the op is listed in ``Budget.missing``. The all-reduce row uses ``allreduce`` (µs, or measured
     points by size). Shares are of the total of rows with a time.
+
+    ``routed_impl`` picks the routed experts' implementation instead of the preference order; ``"floor"`` takes the
+    bandwidth-floor estimate (e.g. to stand in for a deployed kernel, such as Marlin, that was not measured).
     """
+    if routed_impl is not None and routed_impl not in ROUTED_IMPL_CHOICES:
+        raise ValueError(f"routed_impl must be one of {', '.join(ROUTED_IMPL_CHOICES)}, got {routed_impl!r}")
     pieces = [p for p in pieces if p.model == spec.name and p.tp == tp]
     raw: list[tuple[str, str, int, float | None, str]] = []
     missing: list[str] = []
     for shape in rank_gemms(spec, tp):
-        preference = ROUTED_PREFERENCE if shape.component == "routed_experts" else DENSE_PREFERENCE
+        preference: Sequence[str] = DENSE_PREFERENCE
+        if shape.component == "routed_experts":
+            preference = ROUTED_PREFERENCE if routed_impl is None else (
+                () if routed_impl == "floor" else (routed_impl,))
         piece = _pick(pieces, shape.op, batch, preference)
         if piece is not None:
             each, how = _on_device(piece, device)
@@ -383,24 +394,26 @@ def select_points(points: Sequence[AllReducePoint], tp: int) -> list[AllReducePo
 
 
 def budget_from_report(path: str | Path, spec: ModelSpec, tp: int, batch: int, *,
-                       allreduce_us: float | None = None, device: DeviceSpec | None = None) -> Budget:
+                       allreduce_us: float | None = None, device: DeviceSpec | None = None,
+                       routed_impl: str | None = None) -> Budget:
     pieces, points = pieces_from_report(path)
-    return _assemble(spec, tp, batch, pieces, points, allreduce_us, device)
+    return _assemble(spec, tp, batch, pieces, points, allreduce_us, device, routed_impl)
 
 
 def budget_from_baselines(root: str | Path, slug: str, spec: ModelSpec, tp: int, batch: int, *,
-                          allreduce_us: float | None = None, device: DeviceSpec | None = None) -> Budget:
+                          allreduce_us: float | None = None, device: DeviceSpec | None = None,
+                          routed_impl: str | None = None) -> Budget:
     pieces, points = pieces_from_baselines(root, slug)
-    return _assemble(spec, tp, batch, pieces, points, allreduce_us, device)
+    return _assemble(spec, tp, batch, pieces, points, allreduce_us, device, routed_impl)
 
 
 def _assemble(spec: ModelSpec, tp: int, batch: int, pieces: Sequence[Piece], points: Sequence[AllReducePoint],
-              allreduce_us: float | None, device: DeviceSpec | None) -> Budget:
+              allreduce_us: float | None, device: DeviceSpec | None, routed_impl: str | None = None) -> Budget:
     if allreduce_us is not None:
         return build_budget(spec, tp, batch, pieces, allreduce_us, device=device,
-                            allreduce_source="given (--allreduce-us)")
+                            allreduce_source="given (--allreduce-us)", routed_impl=routed_impl)
     world = select_points(points, tp)
-    return build_budget(spec, tp, batch, pieces, world or None, device=device)
+    return build_budget(spec, tp, batch, pieces, world or None, device=device, routed_impl=routed_impl)
 
 
 # ----------------------------------------------------------------------------------------- report section
@@ -456,6 +469,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", metavar="FILE", help="topology file or bundled name: the target GPU. Pieces "
                    "measured on another GPU are scaled by the datasheet bandwidth ratio, ops with no measurement "
                    "get a bandwidth floor estimate (both labelled); also the default --tp")
+    p.add_argument("--routed-impl", choices=ROUTED_IMPL_CHOICES, default=None,
+                   help="routed experts' implementation (default: the first measured of "
+                   f"{', '.join(ROUTED_PREFERENCE)}); 'floor' = weight bytes / datasheet bandwidth, a stand-in for "
+                   "a deployed INT4 kernel (Marlin) that was not measured")
     return p
 
 
@@ -483,7 +500,7 @@ def main_budget(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] 
             pieces, points = pieces_from_report(args.from_report)
         elif args.baselines is not None:
             pieces, points = pieces_from_baselines(args.baselines, args.fingerprint)
-        budget = _assemble(spec, tp, args.batch, pieces, points, args.allreduce_us, device)
+        budget = _assemble(spec, tp, args.batch, pieces, points, args.allreduce_us, device, args.routed_impl)
     except (OSError, ValueError, KeyError) as exc:
         print(f"moeperf budget: {exc}", file=sys.stderr)
         return 2

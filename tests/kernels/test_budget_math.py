@@ -150,3 +150,18 @@ def test_pieces_from_another_gpu_are_scaled_by_bandwidth() -> None:
     cpu = [Piece(p.model, p.tp, p.op, p.m, p.impl, 10.0, device="x86_64") for p in uniform_pieces(1.0)]
     unscaled = build_budget(KIMI_K2_5, 8, 1, cpu, 25.0, device=rtx)  # no datasheet figure for a CPU: as measured
     assert next(r for r in unscaled.rows if r.op == "o_proj").each_us == 10.0
+
+
+def test_routed_impl_override_and_floor() -> None:
+    rtx = lookup("NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    pieces = uniform_pieces(1.0) + [Piece("kimi-k2.5", 8, "gate_up", 1, "grouped", 3.0)]
+    grouped = build_budget(KIMI_K2_5, 8, 1, pieces, 10.0, routed_impl="grouped")
+    assert next(r for r in grouped.rows if r.op == "gate_up").each_us == 3.0
+    assert "down" in grouped.missing  # no grouped piece for down, and no device for an estimate
+    floor = build_budget(KIMI_K2_5, 8, 1, pieces, 10.0, device=rtx, routed_impl="floor")
+    gate_up = next(r for r in floor.rows if r.op == "gate_up")
+    assert "estimate" in gate_up.source
+    assert gate_up.each_us == pytest.approx(8 * (7168 * 512 // 2 + 224 * 512 * 2) / 1.792e12 * 1e6)
+    assert next(r for r in floor.rows if r.op == "q_b_proj").each_us == 1.0  # dense ops stay measured
+    with pytest.raises(ValueError, match="routed_impl must be one of"):
+        build_budget(KIMI_K2_5, 8, 1, pieces, 10.0, routed_impl="cutlass")
