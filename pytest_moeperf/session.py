@@ -92,29 +92,28 @@ class MoePerfSession:
         if rep.when != "call" or perf is None or not perf.records:
             return rep
         payload: list[dict[str, Any]] = []
-        problems: list[str] = []
+        regressed: list[str] = []
+        broken: dict[str, None] = {}  # unusable baseline files, each named once
         lines: list[str] = []
         for measurement in perf.records:
             try:
                 verdict, baseline = self.judge(item, measurement)
             except BaselineError as exc:
-                problems.append(str(exc))
+                broken[str(exc)] = None
                 continue
             payload.append({"measurement": measurement.to_json(), "verdict": verdict.to_json(),
                             "passed": rep.passed})
             line = verdict.message()
             if verdict.status is Status.REGRESSED:
                 changes = software_changes(baseline, self.topology.software)
-                problems.append(line + (f"\n  {changes}" if changes else ""))
+                regressed.append(line + (f"\n  {changes}" if changes else ""))
             lines.append(line)
         rep.user_properties.append((PROPERTY, payload))
-        regressed = [p for p in problems if "-> REGRESSED" in p]
-        broken = list(dict.fromkeys(p for p in problems if "-> REGRESSED" not in p))
         if rep.passed and (broken or (regressed and not self.settings.update)):
             rep.outcome = "failed"
             head = (f"moeperf: {len(regressed)} metric(s) regressed against baselines/{self.fingerprint.slug}"
                     if regressed else "moeperf: baseline unusable")
-            rep.longrepr = "\n".join([head] + ["  " + p for p in broken + regressed])
+            rep.longrepr = "\n".join([head] + ["  " + p for p in [*broken, *regressed]])
         elif lines:
             rep.sections.append(("moeperf metrics", "\n".join(lines)))
         return rep
@@ -131,7 +130,7 @@ class MoePerfSession:
                 measurement = Measurement.from_json(entry["measurement"])
                 self.measurements.append(measurement)
                 self.verdicts.append(Verdict.from_json(entry["verdict"]))
-                if entry["passed"] or report.passed:
+                if entry["passed"]:  # the test itself passed (a regression alone does not stop an update)
                     self.passed_keys.add(measurement.key)
 
     # ------------------------------------------------------------------------------------------ finishing

@@ -179,3 +179,18 @@ def test_results_from_xdist_workers_are_merged(pytester: pytest.Pytester, run_mo
     doc = json.loads((pytester.path / "r.json").read_text())
     assert len(doc["benchmarks"]) == 3
     assert len(json.loads(baseline_file(pytester).read_text())["metrics"]) == 3
+
+
+def test_regression_message_names_the_software_that_changed(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_synthetic=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    path = baseline_file(pytester)
+    doc = json.loads(path.read_text())
+    for metric in doc["metrics"].values():
+        metric["provenance"]["software"]["nccl"] = "2.21.5"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.5")
+    result = run_moeperf()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*software changed since the baseline: nccl 2.21.5 -> -*"])
