@@ -17,7 +17,6 @@ import argparse
 import bisect
 import json
 import math
-import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf import stats
 from pytest_moeperf.devices import DeviceSpec, lookup
 from pytest_moeperf.models import (
     GemmShape,
@@ -341,7 +341,7 @@ def points_from_records(records: Iterable[tuple[str, str, str, Mapping[str, Any]
 def pieces_from_measurements(measurements: Iterable[Measurement],
                              source: str = "this run") -> tuple[list[Piece], list[AllReducePoint]]:
     return points_from_records(
-        ((m.test_id, m.name, m.unit, m.context, statistics.median(m.samples)) for m in measurements), source)
+        ((m.test_id, m.name, m.unit, m.context, stats.median(m.samples)) for m in measurements), source)
 
 
 def pieces_from_report(path: str | Path) -> tuple[list[Piece], list[AllReducePoint]]:

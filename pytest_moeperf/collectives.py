@@ -21,7 +21,6 @@ task's arguments (or agreed with an all-reduce of a max), never from a rank's ow
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from pytest_moeperf import timing
+from pytest_moeperf import stats, timing
 from pytest_moeperf.models import allreduces_per_step, get_model
 from pytest_moeperf.ranks import Backend, Rank, ranks
 from pytest_moeperf.records import Measurement, Section
@@ -406,7 +405,7 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> tuple[int, list[float]]
     """The rank with the largest median per-call time and its samples: a collective ends with its last rank."""
     if not per_rank:
         raise ValueError("no ranks")
-    index = max(range(len(per_rank)), key=lambda r: statistics.median(per_rank[r]))
+    index = max(range(len(per_rank)), key=lambda r: stats.median(per_rank[r]))
     return index, list(per_rank[index])
 
 
@@ -421,7 +420,7 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
             continue
         metric, mode = m.name.rsplit("_", 1)
         row = rows.setdefault((m.test_id, mode), {"ctx": m.context, "mode": mode})
-        row[metric] = statistics.median(m.samples)
+        row[metric] = stats.median(m.samples)
     if not rows:
         return []
     table = []

@@ -15,6 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pytest_moeperf.stats import quantile
+
 __all__ = [
     "RequestOutcome",
     "ServingMetrics",
@@ -123,12 +125,7 @@ def percentile(samples: Sequence[float], q: float) -> float:
         raise ValueError(f"percentile must be in [0, 100], got {q}")
     if not samples:
         return 0.0
-    ordered = sorted(samples)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    frac = rank - low
-    return ordered[low] + (ordered[high] - ordered[low]) * frac
+    return quantile(samples, q / 100.0)
 
 
 def summarize(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Summary:
