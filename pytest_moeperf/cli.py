@@ -81,7 +81,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _budget(argv: list[str]) -> int:
-    from pytest_moeperf import budget
+    from pytest_moeperf.kernels import budget
 
     return int(budget.main_budget(argv))
 

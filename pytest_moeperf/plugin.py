@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import time
 from collections.abc import Generator
 
 import pytest
@@ -20,9 +21,9 @@ session_key = pytest.StashKey[MoePerfSession]()
 
 #: Modules whose fixtures and hooks belong to the plugin (registered when importable).
 PLUGIN_MODULES = (
-    "pytest_moeperf.collectives",
-    "pytest_moeperf.budget",
-    "pytest_moeperf.serving.fixtures",
+    "pytest_moeperf.kernels.collectives",
+    "pytest_moeperf.kernels.budget",
+    "pytest_moeperf.serving.plugin",
 )
 
 MARKERS = (
@@ -53,18 +54,20 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = settings_mod.resolve(config)
     config.stash[settings_key] = settings
     for name in PLUGIN_MODULES:
-        if importlib.util.find_spec(name) is not None and not config.pluginmanager.has_plugin(name):
+        if not config.pluginmanager.has_plugin(name):
             config.pluginmanager.register(importlib.import_module(name), name)
     try:
         topo = config.hook.pytest_moeperf_topology(config=config)
     except TopologyError as exc:
         raise pytest.UsageError(f"--moeperf-topology: {exc}") from None
+    config.stash[started_key] = time.monotonic()
     state = MoePerfSession(config, settings, topo)
     config.stash[session_key] = state
     config.pluginmanager.register(state, "moeperf-session")
 
 
 settings_key = pytest.StashKey[Settings]()
+started_key = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(trylast=True)
@@ -148,3 +151,15 @@ def perf(request: pytest.FixtureRequest) -> Generator[Perf, None, None]:
     recorder = Perf(request.node.nodeid, simulated_from=topo.source if topo.simulated else None)
     request.node.stash[perf_key] = recorder
     yield recorder
+
+
+@pytest.fixture(autouse=True)
+def _moeperf_deadline(request: pytest.FixtureRequest) -> None:
+    """``--moeperf-deadline``: once the session has run that long, the remaining tests that measure skip."""
+    deadline = request.config.stash[settings_key].deadline_s
+    if deadline is None or "perf" not in request.fixturenames:
+        return
+    elapsed = time.monotonic() - request.config.stash[started_key]
+    if elapsed > deadline:
+        pytest.skip(f"--moeperf-deadline {deadline:g} s passed ({elapsed:.0f} s into the session): "
+                    "the batch's time slot is used up")

@@ -88,6 +88,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("rank-timeout", "rank_timeout_s", "seconds before a multi-process run is declared hung and killed",
            "SECONDS", parse_seconds, 180.0),
     Option("quick", "quick", "fewer cases and repetitions (smoke runs)", None, parse_bool, False),
+    Option("deadline", "deadline_s", "wall-clock seconds from the session's start after which the remaining perf "
+           "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines",
+           "SECONDS", parse_seconds, None),
 )
 
 
@@ -105,6 +108,7 @@ class Settings:
     server_timeout_s: float
     rank_timeout_s: float
     quick: bool
+    deadline_s: float | None
 
 
 def add_options(parser: pytest.Parser) -> None:

@@ -58,8 +58,7 @@ fi
 run_suites() {  # name seconds [extra pytest args...]
   local name=$1 secs=$2; shift 2
   local hard=$(( secs + 30 ))
-  MOEPERF_GEMM_DEADLINE=$(( $(date +%s) + secs )) \
-    timeout -k 10 "$hard" $PY -m pytest ${PLUGIN[@]+"${PLUGIN[@]}"} suites/allreduce suites/gemm \
+  timeout -k 10 "$hard" $PY -m pytest ${PLUGIN[@]+"${PLUGIN[@]}"} --moeperf-deadline "$secs" suites/allreduce suites/gemm \
       -p no:cacheprovider -ra -q --moeperf-baselines "$BASELINES" --moeperf-report "$OUT/$name.json" \
       ${EXTRA[@]+"${EXTRA[@]}"} "$@" >"$OUT/$name.log" 2>&1
   local rc=$?

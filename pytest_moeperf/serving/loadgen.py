@@ -19,9 +19,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
+
 
 from pytest_moeperf.serving.metrics import RequestOutcome, ServingMetrics, Slo, compute
 
@@ -197,6 +199,8 @@ class LoadGenerator:
     ) -> WindowResult:
         if not requests:
             raise ValueError("no requests to send")
+        import aiohttp  # optional dependency ([serving] extra): imported where used
+
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s, sock_connect=10.0)
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:

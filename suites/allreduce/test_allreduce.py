@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_moeperf.collectives import (
+from pytest_moeperf.kernels.collectives import (
     BACKENDS,
     AllReduceTask,
     Message,
@@ -30,7 +30,7 @@ from pytest_moeperf.collectives import (
     slowest_rank,
 )
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.ranks import RankFailure, RankPool
+from pytest_moeperf.kernels.ranks import RankFailure, RankPool
 from pytest_moeperf.settings import Settings
 from pytest_moeperf.topology import Topology
 

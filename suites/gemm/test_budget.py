@@ -3,7 +3,7 @@
 The GEMMs of one decode step are measured here, now, on this machine (each op at M=1, the deployed kind of
 kernel where available: INT4 W4A16 for the routed experts, bf16 for the rest); the all-reduce latency at the
 decode message size comes from this fingerprint's all-reduce baselines (measured by ``suites/allreduce``).
-The budget (Σ over layers, :mod:`pytest_moeperf.budget`) gives the all-reduce share, recorded and compared
+The budget (Σ over layers, :mod:`pytest_moeperf.kernels.budget`) gives the all-reduce share, recorded and compared
 against its baseline: the number behind "AllReduce is 51.5 % of decode time".
 """
 
@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from pytest_moeperf import gemm
-from pytest_moeperf.budget import (
+from pytest_moeperf.kernels import gemm
+from pytest_moeperf.kernels.budget import (
     ROUTED_PREFERENCE,
     Piece,
     budget_lines,
@@ -22,8 +22,8 @@ from pytest_moeperf.budget import (
     pieces_from_baselines,
     select_points,
 )
-from pytest_moeperf.devices import DeviceSpec
-from pytest_moeperf.models import get_model, rank_gemms
+from pytest_moeperf.kernels.devices import DeviceSpec
+from pytest_moeperf.kernels.models import get_model, rank_gemms
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.settings import Settings
 from pytest_moeperf.topology import Topology

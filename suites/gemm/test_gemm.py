@@ -2,7 +2,7 @@
 
 Each case builds its weights (several copies when one copy would sit in the last-level cache, so every call
 reads cold weights, as in decode), checks copy 0 against a float32 reference, then times it
-(:func:`pytest_moeperf.gemm.measure`):
+(:func:`pytest_moeperf.kernels.gemm.measure`):
 
 * GPU: CUDA graph of many back-to-back calls cycling through the copies, events around each replay;
 * CPU: the same calls on one intra-op thread, timed by that thread's CPU time (``time.thread_time_ns``: other
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_moeperf import gemm
-from pytest_moeperf.devices import DeviceSpec, roofline_pct
-from pytest_moeperf.models import get_model, rank_gemms
+from pytest_moeperf.kernels import gemm
+from pytest_moeperf.kernels.devices import DeviceSpec, roofline_pct
+from pytest_moeperf.kernels.models import get_model, rank_gemms
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.settings import Settings
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.fixtures import ServerPool
+from pytest_moeperf.serving.plugin import ServerPool
 from pytest_moeperf.serving.loadgen import ClosedLoop
 from pytest_moeperf.serving.metrics import latency_samples, percentile
 from pytest_moeperf.serving.recording import PerfRecorder, check_failures, record_acceptance

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_moeperf.collectives import (
+from pytest_moeperf.kernels.collectives import (
     Message,
     algbw_gbps,
     bus_factor,
     busbw_gbps,
     decode_messages,
     power_of_two_sizes,
-    pytest_moeperf_report_sections,
+    busbw_sections,
     slowest_rank,
 )
-from pytest_moeperf.ranks import _in_torch_distributed, _main_thread_stack
+from pytest_moeperf.kernels.ranks import _in_torch_distributed, _main_thread_stack
 from pytest_moeperf.records import Measurement
 
 
@@ -67,14 +67,14 @@ def test_report_section_has_one_row_per_mode() -> None:
     measurements = [_m("latency_graph", 10.0, "graph"), _m("algbw_graph", 1.4336, "graph"),
                     _m("busbw_graph", 1.4336, "graph"), _m("latency_eager", 30.0, "eager"),
                     Measurement("other::t", "time", (1.0,), "us", "lower")]
-    (section,) = pytest_moeperf_report_sections(None, measurements)  # type: ignore[arg-type]
+    (section,) = busbw_sections(measurements)  # type: ignore[arg-type]
     assert section.columns[-3:] == ("latency us", "algbw GB/s", "busbw GB/s")
     assert section.rows == (("nccl", 2, 14_336, 1, "eager", 30.0, "", ""),
                             ("nccl", 2, 14_336, 1, "graph", 10.0, 1.434, 1.434))
 
 
 def test_no_section_without_all_reduces() -> None:
-    assert pytest_moeperf_report_sections(None, []) == []  # type: ignore[arg-type]
+    assert busbw_sections([]) == []  # type: ignore[arg-type]
 
 
 FAULTHANDLER_DUMP = """\

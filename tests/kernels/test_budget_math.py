@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.budget import (
+from pytest_moeperf.kernels.budget import (
     AllReducePoint,
     Piece,
     allreduce_latency,
@@ -18,8 +18,8 @@ from pytest_moeperf.budget import (
     pieces_from_report,
     select_points,
 )
-from pytest_moeperf.devices import lookup
-from pytest_moeperf.models import KIMI_K2_5, rank_gemms
+from pytest_moeperf.kernels.devices import lookup
+from pytest_moeperf.kernels.models import KIMI_K2_5, rank_gemms
 
 
 def uniform_pieces(us: float, impl_routed: str = "int4") -> list[Piece]:
@@ -123,7 +123,7 @@ def test_lines_mention_what_is_not_modelled() -> None:
 
 
 def test_report_section_needs_gemms_and_allreduces() -> None:
-    from pytest_moeperf.budget import pytest_moeperf_report_sections
+    from pytest_moeperf.kernels.budget import budget_sections_from
     from pytest_moeperf.records import Measurement
 
     gemms = [Measurement(f"suites/gemm/test_gemm.py::test_gemm[{p.op}]", "time", (1.0, 1.2, 0.8), "us", "lower",
@@ -132,8 +132,8 @@ def test_report_section_needs_gemms_and_allreduces() -> None:
     ar = Measurement("suites/allreduce/test_allreduce.py::test_allreduce[nccl-decode-b1-14KiB]", "latency_graph",
                      (10.0,), "us", "lower", context={"op": "allreduce", "backend": "nccl", "bytes": 14336,
                                                       "world": 8})
-    assert pytest_moeperf_report_sections(None, gemms) == []  # type: ignore[arg-type]
-    sections = pytest_moeperf_report_sections(None, [*gemms, ar])  # type: ignore[arg-type]
+    assert budget_sections_from(gemms) == []  # type: ignore[arg-type]
+    sections = budget_sections_from([*gemms, ar])  # type: ignore[arg-type]
     assert len(sections) == 1 and "TP=8 batch=1" in sections[0].title
     ar_row = next(r for r in sections[0].rows if r[0] == "all-reduce")
     assert ar_row[5] == f"{100 * 1230 / 1777:.1f}"

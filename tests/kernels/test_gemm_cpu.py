@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_moeperf import gemm, timing  # noqa: E402
-from pytest_moeperf.models import KIMI_K2_5  # noqa: E402
+from pytest_moeperf.kernels import gemm, timing  # noqa: E402
+from pytest_moeperf.kernels.models import KIMI_K2_5  # noqa: E402
 
 
 @pytest.mark.parametrize("impl", ["bf16", "int4", "grouped"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.models import (
+from pytest_moeperf.kernels.models import (
     DEEPSEEK_V3,
     KIMI_K2_5,
     ModelSpec,
@@ -136,7 +136,7 @@ def test_gqa_moe_config(tmp_path: Path) -> None:
 
 
 def test_missing_key_is_named() -> None:
-    from pytest_moeperf.models import spec_from_config
+    from pytest_moeperf.kernels.models import spec_from_config
 
     with pytest.raises(ValueError, match="hidden_size"):
         spec_from_config({"num_attention_heads": 4}, "broken")

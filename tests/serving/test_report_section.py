@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_moeperf.records import Measurement
-from pytest_moeperf.serving.fixtures import pytest_moeperf_report_sections
+from pytest_moeperf.serving.plugin import pytest_moeperf_report_sections
 
 
 def m(test: str, name: str, samples: tuple[float, ...], **context: Any) -> Measurement:

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from pytest_moeperf import stats
-from pytest_moeperf.devices import DeviceSpec, lookup
-from pytest_moeperf.models import (
+from pytest_moeperf.kernels.devices import DeviceSpec, lookup
+from pytest_moeperf.kernels.models import (
     GemmShape,
     ModelSpec,
     allreduces_per_step,
@@ -55,7 +54,7 @@ __all__ = [
     "pieces_from_report",
     "points_from_records",
     "select_points",
-    "pytest_moeperf_report_sections",
+    "budget_sections_from",
 ]
 
 #: Implementations preferred for the routed experts (Kimi's are INT4 W4A16: deployed kernels first) and for
@@ -194,7 +193,7 @@ def build_budget(
 ) -> Budget:
     """The decode-step budget of ``spec`` at ``tp`` and ``batch``.
 
-    GEMM rows: one per per-rank op (:func:`~pytest_moeperf.models.rank_gemms`), count = layers having it, time
+    GEMM rows: one per per-rank op (:func:`~pytest_moeperf.kernels.models.rank_gemms`), count = layers having it, time
     each = the measured piece at ``m == batch`` (routed experts: the piece already covers every expert the batch
     touches; implementation by :data:`ROUTED_PREFERENCE`, others :data:`DENSE_PREFERENCE`). Without a piece, and
     with a ``device`` whose bandwidth is known, a roofline floor estimate labelled as such; otherwise the row has
@@ -427,7 +426,7 @@ def budget_section(budget: Budget) -> Section:
                    tuple(rows), note)
 
 
-def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:
+def budget_sections_from(measurements: list[Measurement]) -> list[Section]:
     """A budget table per (model, tp, batch) this session measured GEMMs for, when it also measured
     all-reduces (batch sizes: the GEMM ``m`` values; all-reduce latency interpolated by message size)."""
     pieces, points = pieces_from_measurements(measurements)

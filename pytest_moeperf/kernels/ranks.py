@@ -27,16 +27,12 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-
-import pytest
-
-from pytest_moeperf.settings import Settings
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +46,6 @@ __all__ = [
     "RankGroup",
     "RankPool",
     "leftover_processes",
-    "ranks",
 ]
 
 Backend = Literal["gloo", "nccl"]
@@ -251,7 +246,7 @@ class RankGroup:
                            MOEPERF_RANK_FDS=f"{task_r},{result_w}")
                 with self.log_path(rank).open("wb") as log:
                     proc = subprocess.Popen(
-                        [sys.executable, "-c", "from pytest_moeperf.ranks import _worker_main; _worker_main()"],
+                        [sys.executable, "-c", "from pytest_moeperf.kernels.ranks import _worker_main; _worker_main()"],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                         pass_fds=(task_r, result_w), start_new_session=True, close_fds=True,
                     )
@@ -466,16 +461,6 @@ class RankPool:
         for group in self._groups.values():
             group.close()
         self._groups.clear()
-
-
-@pytest.fixture(scope="session")
-def ranks(moeperf_settings: Settings) -> Iterator[RankPool]:
-    """A :class:`RankPool`: ``ranks.run(fn, *args, world_size=2, backend="gloo")`` runs ``fn(rank, *args)`` on
-    every rank with the ``--moeperf-rank-timeout`` hard timeout; a hung, crashed or raising rank fails the test
-    with a message naming it, and leaves no process behind."""
-    pool = RankPool(timeout_s=moeperf_settings.rank_timeout_s)
-    yield pool
-    pool.close()
 
 
 # --------------------------------------------------------------------------------------------------------- worker

@@ -1,10 +1,10 @@
 """All-reduce backends measured on N ranks: message sizes, correctness check, timing, nccl-tests bandwidths.
 
-:func:`measure_allreduce` runs inside every rank of a :class:`~pytest_moeperf.ranks.RankGroup` (the ``ranks``
+:func:`measure_allreduce` runs inside every rank of a :class:`~pytest_moeperf.kernels.ranks.RankGroup` (the ``ranks``
 fixture). It builds one backend, checks that the sum is right on random data, then times it:
 
 * ``graph`` (GPU): a CUDA graph of back-to-back all-reduces replayed with events around each replay
-  (:func:`pytest_moeperf.timing.time_cuda_graph`), the figure a captured decode step sees;
+  (:func:`pytest_moeperf.kernels.timing.time_cuda_graph`), the figure a captured decode step sees;
 * ``eager``: events around each eagerly launched call on the GPU (launch gaps included); on the CPU (gloo) the
   fastest call of each block of 25 (see :func:`_time_cpu` for why).
 
@@ -26,11 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import pytest
 
-from pytest_moeperf import stats, timing
-from pytest_moeperf.models import allreduces_per_step, get_model
-from pytest_moeperf.ranks import Backend, Rank, ranks
+from pytest_moeperf import stats
+from pytest_moeperf.kernels import timing
+from pytest_moeperf.kernels.models import allreduces_per_step, get_model
+from pytest_moeperf.kernels.ranks import Backend, Rank
 from pytest_moeperf.records import Measurement, Section
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ __all__ = [
     "decode_messages",
     "measure_allreduce",
     "power_of_two_sizes",
-    "pytest_moeperf_report_sections",
+    "busbw_sections",
     "ranks",
     "slowest_rank",
 ]
@@ -412,7 +412,7 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> tuple[int, list[float]]
 # ------------------------------------------------------------------------------------------------ report
 
 
-def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:
+def busbw_sections(measurements: list[Measurement]) -> list[Section]:
     """One table of every all-reduce measured: latency, algbw and busbw (medians) per backend, mode and size."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for m in measurements:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_moeperf.models import GemmShape, ModelSpec, rank_gemms
+from pytest_moeperf.kernels.models import GemmShape, ModelSpec, rank_gemms
 
 if TYPE_CHECKING:
     import torch
@@ -106,7 +106,7 @@ def routed_groups(spec: ModelSpec, m: int, *, seed: int = 0) -> tuple[int, ...]:
 
 
 def problem_for(spec: ModelSpec, tp: int, op: str, m: int, *, seed: int = 0) -> Problem:
-    """The :class:`Problem` of ``op`` (a :func:`~pytest_moeperf.models.rank_gemms` op name) at ``m`` tokens."""
+    """The :class:`Problem` of ``op`` (a :func:`~pytest_moeperf.kernels.models.rank_gemms` op name) at ``m`` tokens."""
     shapes: dict[str, GemmShape] = {s.op: s for s in rank_gemms(spec, tp)}
     if op not in shapes:
         raise KeyError(f"{spec.name} at tp={tp} has no op {op!r}; ops: {', '.join(shapes)}")
@@ -233,13 +233,13 @@ def measure(impl: str, problem: Problem, *, device: str, cache_bytes: int, quick
             max_total_bytes: int | None = None) -> Timed:
     """Build ``impl`` for ``problem`` with enough weight copies to exceed ``2 × cache_bytes``, check it
     (:func:`check` raises above the tolerance: a wrong kernel is never timed), then time it: on CUDA a graph
-    of back-to-back calls cycling through the copies (:func:`~pytest_moeperf.timing.time_cuda_graph`, sized
+    of back-to-back calls cycling through the copies (:func:`~pytest_moeperf.kernels.timing.time_cuda_graph`, sized
     from an eager estimate to ~2 ms per graph and ~100 ms in all), on CPU
-    :func:`~pytest_moeperf.timing.time_cpu` with :data:`CPU_THREADS` intra-op threads on the :data:`CPU_CLOCK`
+    :func:`~pytest_moeperf.kernels.timing.time_cpu` with :data:`CPU_THREADS` intra-op threads on the :data:`CPU_CLOCK`
     (thread CPU time), each sample the best of :data:`CPU_BEST_OF` batches of calls lasting >= 10 ms."""
     import torch
 
-    from pytest_moeperf import timing
+    from pytest_moeperf.kernels import timing
 
     cap = max_total_bytes if max_total_bytes is not None else ((16 << 30) if device == "cuda" else (1 << 30))
     copies = timing.rotation_copies(problem.weight_bytes(impl), cache_bytes, factor=2.0, max_total_bytes=cap)

@@ -1,0 +1,1 @@
+"""Kernel measurements: model shapes, devices, timing, GEMMs, collectives across ranks, the decode-step budget."""
