@@ -31,3 +31,25 @@ def test_every_hook_is_documented() -> None:
     assert hooks
     for name in hooks:
         assert f"`{name}(" in README, name
+
+
+ARCHITECTURE = (Path(__file__).parents[2] / "docs" / "ARCHITECTURE.md").read_text()
+PACKAGE = Path(__file__).parents[2] / "pytest_moeperf"
+
+
+def _package_modules() -> set[str]:
+    """Every module of the package as a path relative to it (``kernels/gemm.py``, named in the document as
+    ``pytest_moeperf/kernels/gemm.py``), ``__init__`` files aside."""
+    return {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+
+
+def test_architecture_names_every_module_and_only_modules_that_exist() -> None:
+    named = set(re.findall(r"`pytest_moeperf/((?:[a-z_]+/)*[a-z_0-9]+\.py)`", ARCHITECTURE))
+    modules = _package_modules()
+    assert modules - named == set(), f"modules missing from docs/ARCHITECTURE.md: {sorted(modules - named)}"
+    assert named - modules == set(), f"docs/ARCHITECTURE.md names modules that do not exist: {sorted(named - modules)}"
+
+
+def test_no_package_module_is_longer_than_400_lines() -> None:
+    long = {m: n for m in _package_modules() if (n := len((PACKAGE / m).read_text().splitlines())) > 400}
+    assert long == {}, f"split these modules (one concept each, at most 400 lines): {long}"
