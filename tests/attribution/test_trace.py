@@ -1,0 +1,119 @@
+"""Attribution of a real PyTorch profiler trace (written here by torch's own profiler, read by HTA), laid out
+the way vLLM's worker lays out its steps: one ``execute_context_…_generation_…`` range per engine step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_moeperf.attribution import classify as cl
+from pytest_moeperf.attribution.cli import main_attribute
+from pytest_moeperf.attribution.table import attribution_lines, attribution_markdown, attribution_section
+from pytest_moeperf.attribution.trace import Attribution, TraceError, attribute_trace, worker_traces
+
+DECODE_STEPS = 4
+
+
+@pytest.mark.parametrize(
+    ("name", "component"),
+    [
+        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", cl.ALL_REDUCE),
+        ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(...)", cl.ALL_REDUCE),
+        ("c10d::allreduce_", cl.ALL_REDUCE),
+        ("fused_moe_kernel", cl.ROUTED),
+        ("void marlin::Marlin<...>(...)", cl.ROUTED),
+        ("vllm::moe_forward", cl.ROUTED),
+        ("void flash_fwd_splitkv_kernel<...>", cl.ATTENTION),
+        ("aten::scaled_dot_product_attention", cl.ATTENTION),
+        ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", cl.DENSE),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", cl.DENSE),
+        ("aten::addmm", cl.DENSE),
+        ("aten::add_", None),
+        ("triton_red_fused_rms_norm_0", None),
+    ],
+)
+def test_classify(name: str, component: str | None) -> None:
+    assert cl.classify(name) == component
+
+
+def _write_trace(directory: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("hta")
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function, tensorboard_trace_handler
+
+    @torch.library.custom_op("moeperf_test::fused_moe", mutates_args=(), schema="(Tensor x, Tensor w) -> Tensor")
+    def fused_moe(x, w):  # type: ignore[no-untyped-def]
+        return torch.relu(x @ w)
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x, w = torch.randn(8, 256), torch.randn(256, 256)
+        lin = torch.nn.Linear(256, 256)
+        q = torch.randn(1, 4, 8, 64)
+        handler = tensorboard_trace_handler(str(directory), worker_name="dp0_pp0_tp0_rank0", use_gzip=True)
+        with profile(activities=[ProfilerActivity.CPU], with_stack=False, on_trace_ready=handler):
+            with record_function("execute_context_1(40)_generation_0(0)"):  # a prefill: not a decode step
+                lin(torch.randn(40, 256))
+            for _ in range(DECODE_STEPS + 1):  # the last has no next step: dropped
+                with record_function("execute_context_0(0)_generation_8(8)"):
+                    h = lin(x)
+                    dist.all_reduce(h)
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q)
+                    h = fused_moe(h, w)
+                    h = torch.softmax(h, -1) + 1.0
+    finally:
+        dist.destroy_process_group()
+    (found,) = worker_traces(directory)
+    return found
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_trace(tmp_path_factory.mktemp("trace"))
+
+
+def test_cpu_trace_is_attributed_per_decode_step(trace_file: Path) -> None:
+    a = attribute_trace(trace_file)
+    assert (a.device, a.batch, a.steps) == ("cpu", 8, DECODE_STEPS)
+    for component in (cl.ALL_REDUCE, cl.ROUTED, cl.DENSE, cl.ATTENTION, cl.OTHER):
+        assert a.component_us[component] > 0, component
+    assert a.sum_error < 0.05  # top-level attribution: nested ops (linear ⊃ addmm) are not counted twice
+    assert sum(a.share_pct(c) for c in cl.COMPONENTS) + a.idle_share_pct == pytest.approx(100.0, rel=0.05)
+    assert all(0.0 <= a.share_pct(c) <= 100.0 for c in cl.COMPONENTS)
+
+
+def test_batch_filter_and_missing_steps(trace_file: Path) -> None:
+    assert attribute_trace(trace_file, batch=8).steps == DECODE_STEPS
+    assert attribute_trace(trace_file, max_steps=2).steps == 2
+    with pytest.raises(TraceError, match="no decode steps of batch 32"):
+        attribute_trace(trace_file, batch=32)
+
+
+def test_renderings_share_one_table(trace_file: Path) -> None:
+    a = attribute_trace(trace_file)
+    section = attribution_section(a)
+    assert section.columns == ("component", "per step (us)", "share %")
+    assert [r[0] for r in section.rows] == [*cl.COMPONENTS, a.idle_label, "step (traced)"]
+    md = attribution_markdown(a)
+    assert md[0].startswith("## Decode-step attribution (cpu trace): batch=8")
+    assert any(line.startswith("| all-reduce | ") for line in md)
+    lines = attribution_lines(a)
+    assert re.match(r"^routed-expert GEMM\s+\S+\s+\d+\.\d$", lines[3])
+
+
+def test_cli_on_a_saved_trace(trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a.json"
+    assert main_attribute(["--trace", str(trace_file), "--markdown", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| dense GEMM |" in printed
+    assert '"batch": 8' in out.read_text()
+    assert main_attribute(["--trace", str(trace_file), "--batch", "3"]) == 2
+    assert "no decode steps of batch 3" in capsys.readouterr().err
+
+
+def test_sum_error_is_measured_not_assumed() -> None:
+    a = Attribution("x", "gpu", 1, 2, step_us=100.0, component_us={cl.ALL_REDUCE: 60.0, cl.OTHER: 50.0}, idle_us=0.0)
+    assert a.sum_error == pytest.approx(0.10)  # overlapping streams: the parts exceed the step
