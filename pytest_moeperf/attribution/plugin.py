@@ -19,7 +19,7 @@ from pytest_moeperf.attribution.classify import COMPONENTS
 from pytest_moeperf.attribution.table import COLUMNS
 from pytest_moeperf.attribution.trace import Attribution, attribute_trace
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.records import Measurement, Section
+from pytest_moeperf.records import JSONScalar, Measurement, Section
 
 __all__ = ["Attributor", "attribution", "metric_name"]
 
@@ -40,7 +40,8 @@ class Attributor:
 
     def record(self, a: Attribution) -> Attribution:
         """Record ``a`` as metrics: one per component, idle/untraced and the step, in µs per step."""
-        common = {"attribution": True, "batch": a.batch, "steps": a.steps, "trace_device": a.device}
+        common: dict[str, JSONScalar] = {"attribution": True, "batch": a.batch, "steps": a.steps,
+                                         "trace_device": a.device}
         parts = [(c, a.component_us.get(c, 0.0), a.share_pct(c)) for c in COMPONENTS]
         parts += [(IDLE, a.idle_us, a.idle_share_pct), (STEP, a.step_us, 100.0)]
         for component, us, share in parts:

@@ -19,6 +19,7 @@ period time outside any operator (Python, scheduling) is reported as untraced.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import warnings
@@ -102,14 +103,14 @@ def _rank_of(name: str) -> int:
 
 def _load(path: Path) -> Any:
     """The trace as HTA's DataFrame with decoded ``s_name`` / ``s_cat`` columns."""
-    try:
-        from hta.common.trace import Trace
+    try:  # imported by name: HTA ships no type information
+        trace_mod = importlib.import_module("hta.common.trace")
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise TraceError("trace attribution needs HolisticTraceAnalysis: pip install 'pytest-moeperf[trace]'") from exc
     logging.getLogger("hta").setLevel(logging.WARNING)
     with warnings.catch_warnings():  # HTA 0.5 uses pandas APIs that pandas 3 deprecates: not ours to fix
         warnings.simplefilter("ignore")
-        trace = Trace(trace_files={0: str(path.resolve())}, trace_dir=str(path.resolve().parent))
+        trace = trace_mod.Trace(trace_files={0: str(path.resolve())}, trace_dir=str(path.resolve().parent))
         trace.parse_traces(max_ranks=1, use_multiprocessing=False, use_memory_profiling=False)
         trace.decode_symbol_ids(use_shorten_name=False)
     return trace.get_trace(0)
@@ -170,15 +171,14 @@ def _gpu(df: Any, periods: Sequence[StepPeriod]) -> tuple[dict[str, float], floa
 
 
 def _cpu(df: Any, periods: Sequence[StepPeriod], step_tid: Any, step_pid: Any) -> tuple[dict[str, float], float]:
-    from hta.common.call_stack import CallStackGraph, CallStackIdentity
-
+    call_stack = importlib.import_module("hta.common.call_stack")
     # zero-length operators hold no time, and HTA's stack builder nests everything after one of them under it
     ops = df[(df["s_cat"] == "cpu_op") & (df["tid"] == step_tid) & (df["pid"] == step_pid) & (df["dur"] > 0)]
     ops = ops[(ops["ts"] >= periods[0].start_us) & (ops["ts"] < periods[-1].end_us)]
     totals = dict.fromkeys(COMPONENTS, 0.0)
     if ops.empty:
         return totals, sum(p.dur_us for p in periods)
-    graph = CallStackGraph(ops, CallStackIdentity(0, int(step_pid), int(step_tid)))
+    graph = call_stack.CallStackGraph(ops, call_stack.CallStackIdentity(0, int(step_pid), int(step_tid)))
     nodes = graph.get_nodes()
     names = dict(zip(ops["index"], ops["s_name"], strict=True))
     starts = dict(zip(ops["index"], ops["ts"], strict=True))

@@ -37,7 +37,8 @@ class ProfileWindow:
 
 def profiler_args(trace_dir: Path) -> list[str]:
     """The vLLM arguments that turn its torch profiler on, writing worker traces to ``trace_dir``."""
-    config = {"profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()), "ignore_frontend": True}
+    config = {"profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()), "ignore_frontend": True,
+              "torch_profiler_with_stack": False}  # Python stacks multiply the trace size and the overhead
     return ["--profiler-config", json.dumps(config, sort_keys=True)]
 
 
@@ -66,7 +67,7 @@ async def _consume(session: object, url: str, body: dict[str, object], state: _S
                 if any(c.get("text") for c in event.get("choices", [])):
                     state.chunks += 1
                     state.first.set()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         state.error = f"{type(exc).__name__}: {exc}"
     finally:
         state.first.set()
@@ -134,7 +135,7 @@ def _raise_errors(streams: list[_Stream]) -> None:
 
 async def _new_traces(trace_dir: Path, before: list[Path], timeout_s: float) -> list[Path]:
     """The worker traces the window wrote, once their sizes stop changing."""
-    deadline, sizes = time.monotonic() + timeout_s, {}
+    deadline, sizes = time.monotonic() + timeout_s, dict[Path, int]()
     while time.monotonic() < deadline:
         found = worker_traces(trace_dir, newer_than=before) if trace_dir.is_dir() else []
         now = {p: p.stat().st_size for p in found}
