@@ -117,3 +117,54 @@ def test_cli_on_a_saved_trace(trace_file: Path, tmp_path: Path, capsys: pytest.C
 def test_sum_error_is_measured_not_assumed() -> None:
     a = Attribution("x", "gpu", 1, 2, step_us=100.0, component_us={cl.ALL_REDUCE: 60.0, cl.OTHER: 50.0}, idle_us=0.0)
     assert a.sum_error == pytest.approx(0.10)  # overlapping streams: the parts exceed the step
+
+
+def _gpu_trace(path: Path, *, overlap: bool) -> Path:
+    """A GPU-shaped trace in Kineto's layout (this machine has no GPU to write one): per step a CPU
+    ``execute_context`` range, its GPU-side ``gpu_user_annotation`` and kernels on stream 7; with ``overlap``,
+    an all-reduce on stream 8 that runs under the GEMM."""
+    events: list[dict[str, object]] = []
+
+    def add(name: str, cat: str, ts: float, dur: float, stream: int | None = None) -> None:
+        args: dict[str, object] = {"External id": len(events) + 1}
+        if stream is not None:
+            args.update(stream=stream, device=0, correlation=len(events) + 1000)
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0 if stream else 100,
+                       "tid": stream or 100, "ts": ts, "dur": dur, "args": args})
+
+    step = "execute_context_0(0)_generation_1(1)"
+    for i in range(4):  # 3 full periods of 100 us; the 4th step only closes the 3rd
+        t0 = 1000.0 + 100.0 * i
+        add(step, "user_annotation", t0, 60.0)
+        add(step, "gpu_user_annotation", t0 + 5, 90.0, 7)
+        add("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "kernel", t0 + 5, 20.0, 7)
+        add("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "kernel", t0 + (5 if overlap else 30), 30.0,
+            8 if overlap else 7)
+        add("fused_moe_kernel", "kernel", t0 + 65, 15.0, 7)
+        add("flash_fwd_splitkv_kernel", "kernel", t0 + 82, 8.0, 7)
+        add("triton_red_fused_rms_norm_0", "kernel", t0 + 91, 4.0, 7)
+    import gzip
+    import json
+
+    with gzip.open(path, "wt") as f:
+        json.dump({"schemaVersion": 1, "distributedInfo": {"rank": 0}, "traceEvents": events}, f)
+    return path
+
+
+def test_gpu_kernels_and_launch_gaps(tmp_path: Path) -> None:
+    pytest.importorskip("hta")
+    a = attribute_trace(_gpu_trace(tmp_path / "w_rank0.1.pt.trace.json.gz", overlap=False))
+    assert (a.device, a.batch, a.steps, a.step_us) == ("gpu", 1, 3, 100.0)
+    assert a.component_us == {cl.ALL_REDUCE: 30.0, cl.ROUTED: 15.0, cl.DENSE: 20.0, cl.ATTENTION: 8.0,
+                              cl.OTHER: 4.0}
+    assert a.idle_us == 23.0 and a.idle_label == "GPU idle (launch gaps)" and a.sum_error == 0.0
+
+
+def test_overlapping_streams_fail_the_five_percent_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("hta")
+    path = _gpu_trace(tmp_path / "w_rank0.1.pt.trace.json.gz", overlap=True)
+    a = attribute_trace(path)
+    assert a.idle_us == 43.0  # the all-reduce runs under the GEMM: 57 us busy, 77 us of kernels
+    assert a.sum_error == pytest.approx(0.20)
+    assert main_attribute(["--trace", str(path)]) == 1
+    assert "20.0 % off the step time" in capsys.readouterr().err
