@@ -107,7 +107,7 @@ def _load(path: Path) -> Any:
         trace_mod = importlib.import_module("hta.common.trace")
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise TraceError("trace attribution needs HolisticTraceAnalysis: pip install 'pytest-moeperf[trace]'") from exc
-    logging.getLogger("hta").setLevel(logging.WARNING)
+    logging.getLogger("hta").setLevel(logging.ERROR)  # HTA logs progress as warnings, to stdout
     with warnings.catch_warnings():  # HTA 0.5 uses pandas APIs that pandas 3 deprecates: not ours to fix
         warnings.simplefilter("ignore")
         trace = trace_mod.Trace(trace_files={0: str(path.resolve())}, trace_dir=str(path.resolve().parent))
