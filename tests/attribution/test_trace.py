@@ -168,3 +168,21 @@ def test_overlapping_streams_fail_the_five_percent_check(tmp_path: Path, capsys:
     assert a.sum_error == pytest.approx(0.20)
     assert main_attribute(["--trace", str(path)]) == 1
     assert "20.0 % off the step time" in capsys.readouterr().err
+
+
+H200_TRACE = Path(__file__).parent / "data" / "h200x2-graph-and-eager_rank0.pt.trace.json.gz"
+
+
+@pytest.mark.parametrize(("batch", "steps"), [(8, 8), (4, 5)])
+def test_real_h200_trace_cuda_graph_and_eager(batch: int, steps: int) -> None:
+    """A trace torch's profiler wrote on 2×H200 (see data/make_h200_trace.py): kernels replayed from a CUDA graph
+    are in it, and every kernel family of the step lands in its component (cuDNN SDPA, nvjet + cuBLASLt split-K,
+    NCCL ring); only the element-wise and reduce kernels are ``other``."""
+    pytest.importorskip("hta")
+    a = attribute_trace(H200_TRACE, batch=batch)
+    assert (a.device, a.batch, a.steps) == ("gpu", batch, steps)
+    for component in (cl.ALL_REDUCE, cl.DENSE, cl.ATTENTION, cl.OTHER):
+        assert a.component_us[component] > 0, component
+    assert a.component_us[cl.ROUTED] == 0.0
+    assert a.component_us[cl.OTHER] < a.component_us[cl.DENSE]
+    assert a.sum_error < 0.05 and 0.0 < a.idle_share_pct < 100.0
