@@ -45,7 +45,7 @@ class Attributor:
         parts = [(c, a.component_us.get(c, 0.0), a.share_pct(c)) for c in COMPONENTS]
         parts += [(IDLE, a.idle_us, a.idle_share_pct), (STEP, a.step_us, 100.0)]
         for component, us, share in parts:
-            label = a.idle_label if component == IDLE else component
+            label = {IDLE: a.idle_label, STEP: "step (traced)"}.get(component, component)
             self._perf.record(metric_name(component), us, unit="us", better="lower",
                               context={**common, "component": label, "share_pct": round(share, 2)})
         return a
