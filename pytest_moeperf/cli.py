@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--old", metavar="DIR", help="compare against another baselines directory instead of git")
     diff.set_defaults(func=_diff)
     sub.add_parser("budget", help="decode-step time budget from measured GEMMs and all-reduces", add_help=False)
+    sub.add_parser("attribute", help="per-component decode-step time from a vLLM profiler trace", add_help=False)
     return parser
 
 
@@ -110,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["budget"]:
         return _budget(args_list[1:])
+    if args_list[:1] == ["attribute"]:
+        from pytest_moeperf.attribution.cli import main_attribute
+
+        return main_attribute(args_list[1:])
     args = build_parser().parse_args(args_list)
     return int(args.func(args))
 

@@ -24,6 +24,7 @@ PLUGIN_MODULES = (
     "pytest_moeperf.kernels.collectives",
     "pytest_moeperf.kernels.budget",
     "pytest_moeperf.serving.plugin",
+    "pytest_moeperf.attribution.plugin",
 )
 
 MARKERS = (
