@@ -11,12 +11,12 @@ update is prepared before the first is written. Non-finite numbers are refused o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
