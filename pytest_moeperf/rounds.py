@@ -40,10 +40,24 @@ def child_command(config: pytest.Config, report: Path) -> list[str]:
             "--moeperf-report", str(report)]
 
 
+class _Writer:
+    """Lines to stdout (this runs before pytest's terminal reporter exists)."""
+
+    def line(self, text: str, red: bool = False) -> None:
+        print(text, flush=True)
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text)
+
+    def sep(self, char: str, title: str) -> None:
+        side = max(3, (80 - len(title) - 2) // 2)
+        self.line(f"{char * side} {title} {char * side}")
+
+
 def run(config: pytest.Config, state: MoePerfSession) -> int:
     """Run the rounds, merge them into ``state`` and report; the exit code."""
     n = state.settings.rounds
-    writer = config.get_terminal_writer()
+    writer = _Writer()
     docs: list[dict[str, Any]] = []
     failed_tests = False
     with tempfile.TemporaryDirectory(prefix="moeperf-rounds-") as tmp:
