@@ -92,8 +92,8 @@ class MoePerfSession:
         self.update_failed = False
 
     # ------------------------------------------------------------------------------------------ judging
-    def judge(self, item: pytest.Item | None, rounds: list[Measurement], threshold: Threshold | None = None
-              ) -> tuple[Verdict, BaselineEntry | None]:
+    def judge(self, item: pytest.Item | None, rounds: list[Measurement], threshold: Threshold | None = None,
+              check_hash: bool = True) -> tuple[Verdict, BaselineEntry | None]:
         """Judge one metric from its rounds (oldest first); the threshold is resolved for ``item`` unless given.
         Raises `BaselineError`, `ThresholdError`, `MetricChanged`."""
         last = rounds[-1]
@@ -110,7 +110,7 @@ class MoePerfSession:
         verdict: Verdict = self.config.hook.pytest_moeperf_verdict(
             config=self.config, measurement=last, rounds=tuple(m.samples for m in rounds),
             reference=baseline.reference() if baseline else None, threshold=threshold)
-        if baseline is not None and self.settings.strict:
+        if baseline is not None and self.settings.strict and check_hash:
             other = self.store.foreign_hash(last.suite, self.fingerprint.hash)
             if other is not None:
                 verdict = inconclusive(verdict, f"--moeperf-strict: baseline recorded on a machine with fingerprint "
@@ -118,13 +118,14 @@ class MoePerfSession:
         return verdict, baseline
 
     def _unsettled(self, item: pytest.Item, perf: Any) -> bool:
-        """Whether a metric of the rounds so far is REGRESSED or INCONCLUSIVE (so another round may settle it)."""
+        """Whether a metric of the rounds so far is REGRESSED or INCONCLUSIVE on its values (so another round may
+        settle it; not for what measuring again cannot change: a zero baseline, another machine's baseline)."""
         for rounds in _by_name(perf.rounds).values():
             try:
-                verdict, _ = self.judge(item, rounds)
+                verdict, _ = self.judge(item, rounds, check_hash=False)
             except (BaselineError, ThresholdError, MetricChanged):
                 return False  # the test fails for that; measuring again does not help
-            if verdict.status in UNSETTLED:
+            if verdict.status in UNSETTLED and verdict.change is not None:
                 return True
         return False
 
@@ -178,7 +179,10 @@ class MoePerfSession:
                 regressed.append(line + (f"\n  {changes}" if changes else ""))
             lines.append(line)
         rep.user_properties.append((PROPERTY, payload))
-        if rep.passed and (broken or (regressed and not self.settings.update)):
+        # under --moeperf-update a regression is reported, not failed; a --moeperf-rounds child leaves the
+        # verdict to its parent, which judges all rounds together
+        judged_here = not (self.settings.update or self.settings.round_of)
+        if rep.passed and (broken or (regressed and judged_here)):
             rep.outcome = "failed"
             head = (f"moeperf: {len(regressed)} metric(s) regressed against baselines/{self.fingerprint.slug}"
                     if regressed else "moeperf: baseline unusable or metric misused")

@@ -113,11 +113,10 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
     ref = reference.value
     allowed, spread = threshold.allowed(reference)
     estimate = stats.median(medians)
-    known = dict(reference=ref, runs=reference.runs, allowed=allowed, spread=spread)
+    known = dataclasses.replace(base, reference=ref, runs=reference.runs, allowed=allowed, spread=spread)
 
     def verdict(status: Status, change: float | None, reason: str = "") -> Verdict:
-        return Verdict(key, name, unit, better, status, base.current, medians, change=change, reason=reason,
-                       threshold=threshold, **known)  # type: ignore[arg-type]
+        return dataclasses.replace(known, status=status, change=change, reason=reason)
 
     if ref == 0:
         if estimate == 0:

@@ -231,3 +231,10 @@ def test_diff_trees_reports_added_removed_changed() -> None:
     changes = {c.key: c for c in baselines.diff_trees(old, new)}
     assert changes["a"].kind == "changed" and changes["a"].relative == pytest.approx(0.5)
     assert changes["b"].kind == "removed" and changes["c"].kind == "added"
+
+
+def test_provenance_without_a_commit_is_unknown_not_clean(tmp_path: Path) -> None:
+    from pytest_moeperf.session import git_commit_info
+
+    info = git_commit_info(tmp_path)  # not a git checkout
+    assert info["id"] is None and info["dirty"] is None
