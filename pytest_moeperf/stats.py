@@ -79,11 +79,6 @@ class Summary:
     ci_low: float
     ci_high: float
 
-    @property
-    def rel_spread(self) -> float:
-        """IQR over the median: the run-to-run noise a threshold should tolerate."""
-        return self.iqr / abs(self.median) if self.median else 0.0
-
 
 def summarize(values: Sequence[float]) -> Summary:
     if not values:
