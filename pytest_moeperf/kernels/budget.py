@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
 from pytest_moeperf import stats
 from pytest_moeperf.kernels.devices import DeviceSpec, lookup
 from pytest_moeperf.kernels.models import (

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+
 from pytest_moeperf import stats
 from pytest_moeperf.kernels import timing
 from pytest_moeperf.kernels.models import allreduces_per_step, get_model
