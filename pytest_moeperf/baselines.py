@@ -1,12 +1,19 @@
 """The baseline store: ``<root>/<fingerprint-slug>/<suite>.json``, versioned, sorted, written atomically.
 
+Schema 2 keeps per metric the summary of its last update and ``runs``: the run-level summaries (median, n, IQR,
+date, git commit) of its last K updates, from which the reference and the between-run noise are learned
+(`reference`). Schema-1 files are read as one run each and rewritten only when updated.
+
 An update touches only the metrics that ran, only this fingerprint's directory, and never a file it cannot
-read: a corrupt or schema-mismatched file raises `BaselineError` naming it and stays as it is.
+read: a corrupt or schema-mismatched file raises `BaselineError` naming it and stays as it is. Every file of an
+update is prepared before the first is written. Non-finite numbers are refused on write and on read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -14,10 +21,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.records import Measurement
+from pytest_moeperf.records import Measurement, suite_of
 from pytest_moeperf.stats import Summary, summarize
+from pytest_moeperf.thresholds import Reference
 
-SCHEMA = 1
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
+DEFAULT_KEEP_RUNS = 5
 _SIGNIFICANT = 6
 
 
@@ -29,6 +39,28 @@ def _round(value: float) -> float:
     return float(f"{value:.{_SIGNIFICANT}g}")
 
 
+def _finite(where: str, key: str, values: Mapping[str, Any]) -> None:
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BaselineError(f"{where}: metric {key!r} has a non-finite {name} ({value}); a baseline must be "
+                                "a finite number (left untouched)")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One update's run of a metric, as a baseline keeps it."""
+
+    median: float
+    n: int
+    iqr: float
+    date: str | None = None
+    git_commit: str | None = None
+
+    @classmethod
+    def of(cls, summary: Summary, provenance: Mapping[str, Any]) -> RunSummary:
+        return cls(summary.median, summary.n, summary.iqr, provenance.get("date"), provenance.get("git_commit"))
+
+
 @dataclass(frozen=True)
 class BaselineEntry:
     key: str
@@ -36,32 +68,58 @@ class BaselineEntry:
     name: str
     unit: str
     better: str
-    summary: Summary
+    summary: Summary  # the last update's run
     context: Mapping[str, Any] = field(default_factory=dict)
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    runs: tuple[RunSummary, ...] = ()  # oldest first; empty means "the summary is the only run"
+
+    @property
+    def all_runs(self) -> tuple[RunSummary, ...]:
+        return self.runs or (RunSummary.of(self.summary, self.provenance),)
+
+    def reference(self) -> Reference:
+        """The values a verdict needs: the stored run medians and their largest within-run IQR/median."""
+        runs = self.all_runs
+        return Reference(tuple(r.median for r in runs),
+                         max((r.iqr / abs(r.median) if r.median else 0.0) for r in runs))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "test": self.test_id, "name": self.name, "unit": self.unit, "better": self.better,
-            "summary": {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self.summary).items()},
-            "context": dict(self.context), "provenance": dict(self.provenance),
-        }
+        summary = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self.summary).items()}
+        runs = [{k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(r).items()} for r in self.all_runs]
+        for values in (summary, *runs):
+            _finite("baseline update", self.key, values)
+        return {"test": self.test_id, "name": self.name, "unit": self.unit, "better": self.better,
+                "summary": summary, "runs": runs, "context": dict(self.context), "provenance": dict(self.provenance)}
 
     @classmethod
     def from_json(cls, key: str, data: Mapping[str, Any], where: str) -> BaselineEntry:
         try:
             raw = dict(data["summary"])
+            _finite(where, key, raw)
             summary = Summary(n=int(raw.pop("n")), **{k: float(v) for k, v in raw.items()})
+            runs = []
+            for run in data.get("runs", []):
+                _finite(where, key, run)
+                runs.append(RunSummary(float(run["median"]), int(run["n"]), float(run["iqr"]), run.get("date"),
+                                       run.get("git_commit")))
             return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
                        better=str(data["better"]), summary=summary, context=dict(data.get("context", {})),
-                       provenance=dict(data.get("provenance", {})))
+                       provenance=dict(data.get("provenance", {})), runs=tuple(runs))
         except (KeyError, TypeError, ValueError) as exc:
             raise BaselineError(f"{where}: metric {key!r} is malformed ({type(exc).__name__}: {exc})") from None
 
+    def updated(self, m: Measurement, provenance: Mapping[str, Any], keep: int) -> BaselineEntry:
+        """This entry with one more run (``m``); a changed unit or direction starts the runs afresh."""
+        fresh = BaselineEntry.from_measurement(m, provenance)
+        if (self.unit, self.better) != (m.unit, m.better):
+            return fresh
+        return dataclasses.replace(fresh, runs=(self.all_runs + fresh.runs)[-keep:])
+
     @classmethod
     def from_measurement(cls, m: Measurement, provenance: Mapping[str, Any]) -> BaselineEntry:
-        return cls(key=m.key, test_id=m.test_id, name=m.name, unit=m.unit, better=m.better,
-                   summary=summarize(m.samples), context=dict(m.context), provenance=dict(provenance))
+        summary = summarize(m.samples)
+        return cls(key=m.key, test_id=m.test_id, name=m.name, unit=m.unit, better=m.better, summary=summary,
+                   context=dict(m.context), provenance=dict(provenance), runs=(RunSummary.of(summary, provenance),))
 
 
 @dataclass(frozen=True)
@@ -82,9 +140,9 @@ def read_file(path: Path) -> BaselineFile:
                             "(it was left untouched)") from None
     if not isinstance(data, dict) or "metrics" not in data:
         raise BaselineError(f"baseline file {path} is not a moeperf baseline (no 'metrics'); left untouched")
-    if data.get("schema") != SCHEMA:
-        raise BaselineError(f"baseline file {path} has schema {data.get('schema')!r}; this version reads {SCHEMA} "
-                            "(left untouched)")
+    if data.get("schema") not in READABLE_SCHEMAS:
+        raise BaselineError(f"baseline file {path} has schema {data.get('schema')!r}; this version reads "
+                            f"{' and '.join(map(str, READABLE_SCHEMAS))} (left untouched)")
     metrics = data["metrics"]
     if not isinstance(metrics, dict):
         raise BaselineError(f"baseline file {path}: 'metrics' must be an object; left untouched")
@@ -98,11 +156,19 @@ def dump(fingerprint: Mapping[str, Any], entries: Mapping[str, BaselineEntry]) -
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory and rename, so a crash leaves the old file whole."""
+    """Write via a temporary file in the same directory and rename, so a crash leaves the old file whole.
+    The file gets the mode a plain ``open()`` would give it (0666 less the umask), not mkstemp's 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -144,29 +210,41 @@ class BaselineStore:
         found = self.file(measurement.suite)
         return found.entries.get(measurement.key) if found else None
 
-    def update(self, measurements: Iterable[Measurement], fingerprint: Mapping[str, Any],
-               provenance: Mapping[str, Any]) -> list[Path]:
-        """Merge the given measurements into their suites' files; other metrics are kept as they are.
+    def entries_of(self, test_id: str) -> list[BaselineEntry]:
+        """The stored metrics of one test (raises `BaselineError` for an unusable file)."""
+        found = self.file(suite_of(test_id))
+        return [e for e in found.entries.values() if e.test_id == test_id] if found else []
 
-        Every file is read first, so a corrupt one stops the update before anything is written."""
+    def foreign_hash(self, suite: str, current_hash: str) -> str | None:
+        """The fingerprint hash stored in a suite's file when it differs from ``current_hash``; else None."""
+        found = self.file(suite)
+        stored = found.fingerprint.get("hash") if found else None
+        return str(stored) if stored and stored != current_hash else None
+
+    def update(self, measurements: Iterable[Measurement], fingerprint: Mapping[str, Any],
+               provenance: Mapping[str, Any], keep_runs: int = DEFAULT_KEEP_RUNS) -> list[Path]:
+        """Merge the given measurements into their suites' files; other metrics are kept as they are. Each
+        measurement adds one run to its metric (a key given N times adds N runs: one per round).
+
+        Every file is read and every text prepared first, so a corrupt file (or a bad value) stops the update
+        before anything is written."""
         by_suite: dict[str, list[Measurement]] = {}
         for m in measurements:
             by_suite.setdefault(m.suite, []).append(m)
-        merged: dict[str, dict[str, BaselineEntry]] = {}
-        for suite in by_suite:
+        texts: dict[Path, str] = {}
+        for suite, items in sorted(by_suite.items()):
             self._files.pop(suite, None)
             existing = self.file(suite)  # raises for a corrupt file: nothing written yet
-            merged[suite] = dict(existing.entries) if existing else {}
-        written: list[Path] = []
-        for suite, items in sorted(by_suite.items()):
-            entries = merged[suite]
+            entries = dict(existing.entries) if existing else {}
             for m in items:
-                entries[m.key] = BaselineEntry.from_measurement(m, provenance)
-            path = self.path(suite)
-            atomic_write(path, dump(fingerprint, entries))
-            self._files.pop(suite, None)
-            written.append(path)
-        return written
+                old = entries.get(m.key)
+                entries[m.key] = (old.updated(m, provenance, keep_runs) if old
+                                  else BaselineEntry.from_measurement(m, provenance))
+            texts[self.path(suite)] = dump(fingerprint, entries)
+        for path, text in texts.items():
+            atomic_write(path, text)
+        self._files.clear()
+        return list(texts)
 
 
 def load_tree(root: Path) -> dict[str, dict[str, BaselineEntry]]:
@@ -212,16 +290,16 @@ class Change:
 
 def diff_trees(old: Mapping[str, Mapping[str, BaselineEntry]],
                new: Mapping[str, Mapping[str, BaselineEntry]]) -> list[Change]:
-    """What an update changed: metrics added, removed, or whose median moved."""
+    """What an update changed: metrics added, removed, or whose runs changed (values: the references)."""
     changes: list[Change] = []
     for file in sorted(set(old) | set(new)):
         before, after = old.get(file, {}), new.get(file, {})
         for key in sorted(set(before) | set(after)):
             a, b = before.get(key), after.get(key)
             if a is None and b is not None:
-                changes.append(Change(file, key, "added", b.unit, None, b.summary.median))
+                changes.append(Change(file, key, "added", b.unit, None, b.reference().value))
             elif b is None and a is not None:
-                changes.append(Change(file, key, "removed", a.unit, a.summary.median, None))
-            elif a is not None and b is not None and a.summary != b.summary:
-                changes.append(Change(file, key, "changed", b.unit, a.summary.median, b.summary.median))
+                changes.append(Change(file, key, "removed", a.unit, a.reference().value, None))
+            elif a is not None and b is not None and (a.summary, a.all_runs) != (b.summary, b.all_runs):
+                changes.append(Change(file, key, "changed", b.unit, a.reference().value, b.reference().value))
     return changes

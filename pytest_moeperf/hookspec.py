@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_moeperf.baselines import BaselineEntry
     from pytest_moeperf.records import Measurement, Section
-    from pytest_moeperf.thresholds import Threshold
+    from pytest_moeperf.thresholds import Reference, Threshold
     from pytest_moeperf.topology import Topology
     from pytest_moeperf.verdict import Verdict
 
@@ -30,9 +29,11 @@ def pytest_moeperf_update_machine_info(config: pytest.Config, machine_info: dict
 
 
 @pytest.hookspec(firstresult=True)
-def pytest_moeperf_verdict(config: pytest.Config, measurement: Measurement, baseline: BaselineEntry | None,
-                           threshold: Threshold) -> Verdict | None:
-    """Judge one metric. The default compares medians against the threshold (see ``verdict.judge``)."""
+def pytest_moeperf_verdict(config: pytest.Config, measurement: Measurement, rounds: tuple[tuple[float, ...], ...],
+                           reference: Reference | None, threshold: Threshold) -> Verdict | None:
+    """Judge one metric on values: ``measurement`` (its last round: name, unit, direction, context), the samples
+    of every current round, the baseline's ``reference`` (its stored run medians; None: no baseline) and the
+    threshold. The default is ``verdict.judge`` (rule in the README's "Verdicts" section)."""
 
 
 @pytest.hookspec

@@ -20,11 +20,23 @@ class Perf:
         self.test_id = test_id
         self._context: dict[str, JSONScalar] = {}
         self._records: list[Measurement] = []
+        self._earlier: list[tuple[Measurement, ...]] = []  # the records of earlier rounds (confirmation re-runs)
         self._simulated_from = simulated_from
 
     @property
     def records(self) -> tuple[Measurement, ...]:
+        """What this round recorded."""
         return tuple(self._records)
+
+    @property
+    def rounds(self) -> tuple[tuple[Measurement, ...], ...]:
+        """The records of every round of this test, oldest first (the last is `records`)."""
+        return (*self._earlier, self.records)
+
+    def new_round(self) -> None:
+        """Start another round of the same test (a confirmation re-run): the metrics may be recorded again."""
+        self._earlier.append(self.records)
+        self._records = []
 
     def context(self, **values: JSONScalar) -> None:
         """Attach facts (shape, dtype, backend, …) to every metric this test records from now on."""
@@ -39,8 +51,9 @@ class Perf:
                context: dict[str, JSONScalar] | None = None) -> Measurement:
         """Record one metric: a number or a sequence of samples (the median is judged).
 
-        ``tolerance`` (relative) and ``abs_tolerance`` (in ``unit``) override the marker and option for this
-        metric. A second record of the same name in one test is an error."""
+        ``tolerance`` (relative: the smallest change worth failing for) and ``abs_tolerance`` (in ``unit``)
+        override the marker and option for this metric. A second record of the same name in one round of a test
+        is an error."""
         if self._simulated_from is not None:
             pytest.skip(f"topology is simulated (from {self._simulated_from}): measurements need the real "
                         "devices, so nothing is recorded or compared")

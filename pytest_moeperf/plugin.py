@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import time
 from collections.abc import Generator
 
 import pytest
 
-from pytest_moeperf import hookspec
+from pytest_moeperf import hookspec, markers, rounds
 from pytest_moeperf import settings as settings_mod
 from pytest_moeperf import topology as topology_mod
+from pytest_moeperf import verdict as verdict_mod
 from pytest_moeperf.perf import Perf
+from pytest_moeperf.records import Measurement
 from pytest_moeperf.session import MoePerfSession, perf_key
 from pytest_moeperf.settings import Settings
+from pytest_moeperf.thresholds import Reference, Threshold
 from pytest_moeperf.topology import Topology, TopologyError
+from pytest_moeperf.verdict import Verdict
 
 session_key = pytest.StashKey[MoePerfSession]()
 
@@ -27,18 +30,7 @@ PLUGIN_MODULES = (
     "pytest_moeperf.attribution.plugin",
 )
 
-MARKERS = (
-    "gpus(n): needs at least n GPUs",
-    "interconnect(kind): needs GPUs linked by 'nvlink' or 'pcie' (every pair)",
-    "compute_capability(major, minor=0): needs GPUs of at least this compute capability",
-    "arch(*names): needs GPUs of one of these architectures, e.g. arch('sm90', 'sm120')",
-    "requires(*modules): needs these Python modules to be importable (e.g. 'vllm')",
-    "moeperf_threshold(tolerance=None, abs_tolerance=None, noise_k=None): thresholds for the metrics of a test",
-    "gemm: GEMM suite",
-    "allreduce: AllReduce suite",
-    "serving: end-to-end serving suite",
-    "specdecode: speculative-decoding suite",
-)
+MARKERS = markers.MARKERS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,6 +39,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspec)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """``--moeperf-rounds N`` (N > 1): this process runs the rounds as child sessions and merges them."""
+    settings = settings_mod.resolve(config)
+    if not rounds.is_parent(config, settings.rounds, settings.round_of):
+        return None
+    config.stash[settings_key] = settings
+    try:
+        topo = config.hook.pytest_moeperf_topology(config=config)
+    except TopologyError as exc:
+        raise pytest.UsageError(f"--moeperf-topology: {exc}") from None
+    return rounds.run(config, MoePerfSession(config, settings, topo))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,6 +85,13 @@ def pytest_moeperf_topology(config: pytest.Config) -> Topology:
     return topology_mod.probe()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_moeperf_verdict(measurement: Measurement, rounds: tuple[tuple[float, ...], ...],
+                           reference: Reference | None, threshold: Threshold) -> Verdict:
+    return verdict_mod.judge(measurement.key, measurement.name, measurement.unit, measurement.better, rounds,
+                             reference, threshold)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     state = config.stash.get(session_key, None)
     if state is None:
@@ -91,44 +104,15 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- markers
-def unmet_requirement(item: pytest.Item, topo: Topology) -> str | None:
-    """Why ``item`` cannot run on ``topo`` (what was required, what was found), or None."""
-    found_gpus = f"found {topo.gpu_count} GPU(s)" + (f" ({topo.gpus[0].name})" if topo.gpus else "")
-    for marker in item.iter_markers("gpus"):
-        need = int(marker.args[0] if marker.args else marker.kwargs.get("n", 1))
-        if topo.gpu_count < need:
-            return f"requires {need} GPU(s), {found_gpus}"
-    for marker in item.iter_markers("interconnect"):
-        kind = str(marker.args[0] if marker.args else marker.kwargs["kind"]).lower()
-        if kind not in {"nvlink", "pcie"}:
-            raise pytest.UsageError(f"{item.nodeid}: interconnect({kind!r}) must be 'nvlink' or 'pcie'")
-        if topo.interconnect != kind:
-            return f"requires a {kind} interconnect, found {topo.interconnect} ({found_gpus})"
-    for marker in item.iter_markers("compute_capability"):
-        args = list(marker.args) + [marker.kwargs.get("minor", 0)]
-        need_cc = (int(marker.kwargs.get("major", args[0])), int(args[1]))
-        have = topo.compute_capability
-        if have is None or have < need_cc:
-            have_text = "no GPU" if have is None else f"{have[0]}.{have[1]}"
-            return f"requires compute capability >= {need_cc[0]}.{need_cc[1]}, found {have_text}"
-    for marker in item.iter_markers("arch"):
-        wanted = {str(a).lower() for a in marker.args}
-        archs = {g.arch for g in topo.gpus}
-        if not archs or not archs <= wanted:
-            return f"requires architecture {' or '.join(sorted(wanted))}, found {', '.join(sorted(archs)) or 'no GPU'}"
-    for marker in item.iter_markers("requires"):
-        missing = [m for m in marker.args if importlib.util.find_spec(str(m)) is None]
-        if missing:
-            return f"requires importable module(s) {', '.join(missing)}, not installed"
-    return None
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     topo = config.stash[session_key].topology
     for item in items:
-        reason = unmet_requirement(item, topo)
-        if reason is not None:
-            item.add_marker(pytest.mark.skip(reason=reason))
+        markers.apply(item, topo)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    markers.check_usage(item)
 
 
 # ---------------------------------------------------------------------------------------------- fixtures

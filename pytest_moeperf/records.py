@@ -57,10 +57,14 @@ class Measurement:
 
     @property
     def suite(self) -> str:
-        """The test file's stem (``suites/gemm/test_gemm.py::…`` → ``test_gemm``): the baseline file name."""
-        path = self.test_id.split("::", 1)[0]
-        stem = path.rsplit("/", 1)[-1]
-        return stem[:-3] if stem.endswith(".py") else stem
+        return suite_of(self.test_id)
+
+
+def suite_of(test_id: str) -> str:
+    """The test file's stem (``suites/gemm/test_gemm.py::…`` → ``test_gemm``): the baseline file name."""
+    path = test_id.split("::", 1)[0]
+    stem = path.rsplit("/", 1)[-1]
+    return stem[:-3] if stem.endswith(".py") else stem
 
 
 def as_samples(samples: float | int | Sequence[float | int]) -> tuple[float, ...]:

@@ -21,15 +21,29 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f} %"
 
 
+def _mde(v: Verdict) -> str:
+    if v.allowed is None:
+        return "-"
+    return f"{v.allowed * 100:.1f} %" + (" (1 run)" if v.runs < 3 else "")
+
+
 def verdict_rows(verdicts: Sequence[Verdict]) -> list[tuple[str, ...]]:
     return [
-        (v.key, v.unit, _fmt(v.baseline.median if v.baseline else None), _fmt(v.current.median),
-         _pct(v.change), "-" if v.allowed is None else f"{v.allowed * 100:.0f} %", v.status.value)
+        (v.key, v.unit, _fmt(v.reference), _fmt(v.estimate), _pct(v.change), _mde(v),
+         str(len(v.round_medians)) if v.round_medians else "-", v.status.value)
         for v in verdicts
     ]
 
 
-VERDICT_COLUMNS = ("metric", "unit", "baseline", "current", "Δ", "tol", "verdict")
+#: "mde": the minimum detectable effect, the threshold actually used; "(1 run)": below 3 stored runs, the
+#: between-run spread is unknown and the within-run IQR is the floor.
+VERDICT_COLUMNS = ("metric", "unit", "baseline", "current", "Δ", "mde", "rounds", "verdict")
+
+
+def reason_lines(verdicts: Sequence[Verdict]) -> list[str]:
+    """Why each INCONCLUSIVE or MISSING metric is so, and each metric's noise source when it was judged."""
+    return [f"{v.status.value} {v.key}: {v.reason}" for v in verdicts
+            if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
 
 
 def table_lines(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 90) -> list[str]:
@@ -55,6 +69,7 @@ def terminal_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], hea
     lines = [header, counts_line(verdicts)]
     if verdicts:
         lines += [""] + table_lines(VERDICT_COLUMNS, verdict_rows(verdicts))
+        lines += reason_lines(verdicts)
     for section in sections:
         lines += ["", section.title] + table_lines(section.columns, section.rows)
         if section.note:
@@ -71,14 +86,21 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> lis
     ]
 
 
-_ICONS = {Status.PASS: "✅", Status.NEW: "🆕", Status.IMPROVED: "🚀", Status.REGRESSED: "❌"}
+_ICONS = {Status.PASS: "✅", Status.NEW: "🆕", Status.IMPROVED: "🚀", Status.REGRESSED: "❌",
+          Status.INCONCLUSIVE: "❔", Status.MISSING: "⚠️"}
 
 
-def markdown_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], header: str) -> list[str]:
+def markdown_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], header: str,
+                   warnings: Sequence[str] = ()) -> list[str]:
     lines = [f"## moeperf: {header}", "", counts_line(verdicts), ""]
+    lines += [f"> ⚠️ {w}" for w in warnings] + ([""] if warnings else [])
     regressed = [v for v in verdicts if v.status is Status.REGRESSED]
     if regressed:
         lines += ["### Regressions", ""] + [f"- `{v.key}`: {v.message()}" for v in regressed] + [""]
+    undecided = [v for v in verdicts if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
+    if undecided:
+        lines += ["### Inconclusive and missing", ""] + [f"- {v.status.value} `{v.key}`: {v.reason}"
+                                                         for v in undecided] + [""]
     if verdicts:
         rows = [row[:-1] + (f"{_ICONS[v.status]} {v.status.value}",) for row, v in zip(verdict_rows(verdicts),
                                                                                        verdicts, strict=True)]
@@ -98,6 +120,8 @@ def benchmark_json(verdicts: Sequence[Verdict], contexts: dict[str, dict[str, An
     benchmarks = []
     for v in verdicts:
         s = v.current
+        if s is None:
+            continue  # MISSING: listed in the report's "moeperf" section
         test_id, _, metric = v.key.rpartition("::")
         data = samples.get(v.key, [])
         benchmarks.append({
@@ -108,8 +132,9 @@ def benchmark_json(verdicts: Sequence[Verdict], contexts: dict[str, dict[str, An
             "param": None,
             "extra_info": {
                 "metric": metric, "unit": v.unit, "better": v.better, "verdict": v.status.value,
-                "baseline_median": v.baseline.median if v.baseline else None,
-                "change": v.change, "allowed": v.allowed, **contexts.get(v.key, {}),
+                "baseline_median": v.reference, "baseline_runs": v.runs, "change": v.change,
+                "allowed": v.allowed, "mde": v.allowed, "spread": v.spread, "reason": v.reason,
+                "round_medians": list(v.round_medians), **contexts.get(v.key, {}),
             },
             "options": {"disable_gc": False, "timer": "moeperf", "min_rounds": 1, "max_time": 0,
                         "min_time": 0, "warmup": False},

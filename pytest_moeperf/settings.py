@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,37 @@ def parse_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds such as 120, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"seconds must be positive, got {value}")
+    return value
+
+
+def _integer(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+    return value
+
+
+def parse_count(text: str) -> int:
+    """An integer >= 0."""
+    return _integer(text, 0)
+
+
+def parse_positive(text: str) -> int:
+    """An integer >= 1."""
+    return _integer(text, 1)
+
+
+def parse_factor(text: str) -> float:
+    """A non-negative multiplier such as 3."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 3, got {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
     return value
 
 
@@ -79,8 +111,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("topology", "topology_file", "use a recorded or hand-written topology FILE instead of probing "
            "(simulates another box: collection and markers behave as there, measurements skip)",
            "FILE", Path, None),
-    Option("tolerance", "tolerance", "default relative tolerance of a metric, as a fraction",
-           "FRAC", parse_fraction, 0.10),
+    Option("tolerance", "tolerance", "default minimum effect: the smallest relative change worth failing for, "
+           "as a fraction", "FRAC", parse_fraction, 0.05),
     Option("server-url", "server_url", "attach to a running OpenAI-compatible vLLM server at URL "
            "instead of launching one", "URL", parse_url, None),
     Option("server-timeout", "server_timeout_s", "seconds to wait for a launched server's /health",
@@ -91,7 +123,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("deadline", "deadline_s", "wall-clock seconds from the session's start after which the remaining perf "
            "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines",
            "SECONDS", parse_seconds, None),
+    Option("strict", "strict", "INCONCLUSIVE and MISSING metrics (and a baseline from a machine of another "
+           "fingerprint hash) fail the session", None, parse_bool, False),
+    Option("noise-runs", "noise_runs", "run summaries a baseline keeps per metric to learn its between-run noise",
+           "K", parse_positive, 5),
+    Option("noise-k", "noise_k", "a metric's threshold is at least this many between-run spreads (robust σ of the "
+           "stored run medians)", "K", parse_factor, 3.0),
+    Option("rounds", "rounds", "measure N independent rounds, each a separate pytest process, and judge (or "
+           "--moeperf-update) with all of them", "N", parse_positive, 1),
+    Option("confirm", "confirm", "re-run a test whose metric crosses its threshold up to R times before judging "
+           "it on all its rounds", "R", parse_count, 2),
 )
+
+#: Set by a ``--moeperf-rounds`` parent in each child's environment: the round ("i/N"); the child writes no
+#: baselines and no Markdown (the parent does, once, from all rounds).
+ROUND_ENV = "MOEPERF_ROUND"
 
 
 @dataclass(frozen=True)
@@ -109,6 +155,12 @@ class Settings:
     rank_timeout_s: float
     quick: bool
     deadline_s: float | None
+    strict: bool
+    noise_runs: int
+    noise_k: float
+    rounds: int
+    confirm: int
+    round_of: str | None = None  # "i/N" in a --moeperf-rounds child
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -149,4 +201,7 @@ def resolve(config: pytest.Config) -> Settings:
             if option.field != "topology_file" or (base / value).exists():
                 value = base / value
         values[option.field] = value
+    round_of = os.environ.get(ROUND_ENV) or None
+    if round_of is not None:  # a --moeperf-rounds child: the parent stores and writes Markdown
+        values.update(update=False, markdown=None, rounds=1, confirm=0, round_of=round_of)
     return Settings(**values)

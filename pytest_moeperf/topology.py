@@ -79,10 +79,6 @@ class Fingerprint:
     hash: str
     facts: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    @property
-    def id(self) -> str:
-        return f"{self.slug}-{self.hash}"
-
 
 @dataclass(frozen=True)
 class Topology:

@@ -1,34 +1,42 @@
-"""Pure verdicts: a baseline, the current samples and a threshold decide PASS/REGRESSED/IMPROVED/NEW."""
+"""Pure verdicts: the current rounds of a metric, its reference and a threshold decide its status.
+
+The rule (stated in the README's "Verdicts" section):
+
+1. Each round (one execution of the test: the first, a confirmation re-run, or one ``--moeperf-rounds``
+   process) gives a median. The estimate is the median of the round medians; the change is taken against the
+   reference (the median of the stored run medians).
+2. A change within the threshold (see `thresholds`) — or within ``abs_tolerance`` — is PASS.
+3. Beyond it, the verdict is REGRESSED (or IMPROVED) only when the evidence agrees:
+   every round's median is beyond the threshold in the same direction, and
+   * when the sizes allow a significant result (1 / C(n+m, n) ≤ α = 0.05: e.g. 3 rounds against 5 stored runs),
+     a one-sided exact Mann-Whitney test of the round medians against the stored run medians gives p ≤ α;
+   * otherwise the quartile of all current samples nearest to the reference is beyond the threshold too, so a
+     lucky sample (or a lucky quarter of them) cannot hide a change, and a scattered set cannot make one.
+   When it does not agree, the verdict is INCONCLUSIVE and the reason says why.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_moeperf.stats import Summary, relative_change
-from pytest_moeperf.thresholds import Threshold
+from pytest_moeperf import stats
+from pytest_moeperf.stats import Summary
+from pytest_moeperf.thresholds import Reference, Threshold
+
+ALPHA = 0.05
 
 
 class Status(enum.Enum):
-    """Ordered by severity; a test's status is its worst metric's.
-
-    Reserved for what comes next, so records need no rewrite: INCONCLUSIVE (noise too large to judge) and
-    INVALID (a health gate such as a throttling GPU voided the measurement)."""
-
     NEW = "NEW"
     PASS = "PASS"
     IMPROVED = "IMPROVED"
     REGRESSED = "REGRESSED"
-
-    @property
-    def severity(self) -> int:
-        return {"PASS": 0, "NEW": 1, "IMPROVED": 2, "REGRESSED": 3}[self.value]
-
-    @property
-    def fails(self) -> bool:
-        return self is Status.REGRESSED
+    INCONCLUSIVE = "INCONCLUSIVE"  # the run cannot decide (noise, disagreeing rounds, health gate)
+    MISSING = "MISSING"  # baselined, but not measured this run
 
 
 @dataclass(frozen=True)
@@ -38,65 +46,116 @@ class Verdict:
     unit: str
     better: str
     status: Status
-    current: Summary
-    baseline: Summary | None
-    change: float | None  # relative, signed: current vs baseline median
-    allowed: float | None  # relative change allowed in the worse direction
-    threshold: Threshold
-    significant: bool = True
+    current: Summary | None  # all current samples pooled (None: MISSING)
+    round_medians: tuple[float, ...] = ()
+    reference: float | None = None  # median of the stored run medians
+    runs: int = 0  # stored runs behind the reference
+    change: float | None = None  # relative, signed: estimate vs reference
+    allowed: float | None = None  # the threshold used: the minimum detectable effect (relative)
+    spread: str = ""  # where the noise term of the threshold came from
+    threshold: Threshold = Threshold()
+    reason: str = ""
+
+    @property
+    def estimate(self) -> float | None:
+        return stats.median(self.round_medians) if self.round_medians else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "name": self.name, "unit": self.unit, "better": self.better,
-                "status": self.status.value, "current": asdict(self.current),
-                "baseline": asdict(self.baseline) if self.baseline else None, "change": self.change,
-                "allowed": self.allowed, "threshold": asdict(self.threshold), "significant": self.significant}
+        data = asdict(self)
+        data["status"] = self.status.value
+        data["round_medians"] = list(self.round_medians)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Verdict:
-        return cls(key=data["key"], name=data["name"], unit=data["unit"], better=data["better"],
-                   status=Status(data["status"]), current=Summary(**data["current"]),
-                   baseline=Summary(**data["baseline"]) if data["baseline"] else None, change=data["change"],
-                   allowed=data["allowed"], threshold=Threshold(**data["threshold"]),
-                   significant=data["significant"])
+        values = dict(data)
+        values["status"] = Status(values["status"])
+        values["current"] = Summary(**values["current"]) if values.get("current") else None
+        values["round_medians"] = tuple(values.get("round_medians", ()))
+        values["threshold"] = Threshold(**values["threshold"])
+        return cls(**values)
 
     def message(self) -> str:
-        cur = f"{self.current.median:.4g} {self.unit}"
-        if self.baseline is None or self.change is None or self.allowed is None:
-            return f"{self.name}: {cur} (NEW: no baseline for this fingerprint)"
+        unit = f" {self.unit}" if self.unit else ""
+        if self.status is Status.MISSING:
+            return f"{self.name}: MISSING ({self.reason})"
+        cur = f"{self.estimate:.4g}{unit}" if self.estimate is not None else "-"
+        rounds = f", {len(self.round_medians)} rounds" if len(self.round_medians) > 1 else ""
+        n = self.current.n if self.current else 0
+        if self.reference is None or self.change is None or self.allowed is None:
+            tail = f": {self.reason}" if self.reason else " (no baseline for this fingerprint)"
+            return f"{self.name}: {cur} -> {self.status.value}{tail}"
         direction = "lower" if self.better == "lower" else "higher"
-        return (f"{self.name}: baseline {self.baseline.median:.4g} {self.unit} (n={self.baseline.n}) -> "
-                f"current {cur} (n={self.current.n}), change {self.change * 100:+.1f} % "
-                f"[{direction} is better; tolerance {self.allowed * 100:.1f} %"
-                f"{f', abs {self.threshold.abs_tolerance:g} {self.unit}' if self.threshold.abs_tolerance else ''}]"
+        abs_tol = f", abs {self.threshold.abs_tolerance:g}{unit}" if self.threshold.abs_tolerance else ""
+        text = (f"{self.name}: baseline {self.reference:.4g}{unit} ({self.runs} run{'s' if self.runs != 1 else ''})"
+                f" -> current {cur} (n={n}{rounds}), change {self.change * 100:+.1f} % "
+                f"[{direction} is better; threshold {self.allowed * 100:.1f} %{abs_tol}; {self.spread}]"
                 f" -> {self.status.value}")
+        return text + (f": {self.reason}" if self.reason else "")
 
 
-def _ci_separated(baseline: Summary, current: Summary) -> bool:
-    """True when the current median's confidence interval excludes the baseline median, or when there are too
-    few samples on either side to tell (then the tolerance alone decides)."""
-    if current.n < 3:
-        return True
-    return not current.ci_low <= baseline.median <= current.ci_high
+def _worse(better: str, reference: float, value: float) -> float:
+    """Relative change of ``value`` against ``reference``, positive when it is worse."""
+    change = stats.relative_change(reference, value)
+    return change if better == "lower" else -change
 
 
-def judge(key: str, name: str, unit: str, better: str, current: Summary, baseline: Summary | None,
-          threshold: Threshold) -> Verdict:
-    if baseline is None:
-        return Verdict(key, name, unit, better, Status.NEW, current, None, None, None, threshold)
-    change = relative_change(baseline.median, current.median)
-    worse = change if better == "lower" else -change
-    allowed = threshold.allowed(baseline.rel_spread)
-    abs_delta = abs(current.median - baseline.median)
-    significant = _ci_separated(baseline, current) and abs_delta > threshold.abs_tolerance
-    if worse > allowed and significant:
-        status = Status.REGRESSED
-    elif -worse > allowed and significant:
-        status = Status.IMPROVED
-    else:
-        status = Status.PASS
-    return Verdict(key, name, unit, better, status, current, baseline, change, allowed, threshold, significant)
+def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence[float]],
+          reference: Reference | None, threshold: Threshold) -> Verdict:
+    """Judge one metric from its current rounds (each a sequence of samples) against its reference."""
+    if not rounds or not all(rounds):
+        raise ValueError(f"{key}: every round needs samples")
+    pooled = [x for r in rounds for x in r]
+    medians = tuple(stats.median(r) for r in rounds)
+    base = Verdict(key, name, unit, better, Status.NEW, stats.summarize(pooled), medians, threshold=threshold)
+    if reference is None:
+        return base
+    ref = reference.value
+    allowed, spread = threshold.allowed(reference)
+    estimate = stats.median(medians)
+    known = dataclasses.replace(base, reference=ref, runs=reference.runs, allowed=allowed, spread=spread)
+
+    def verdict(status: Status, change: float | None, reason: str = "") -> Verdict:
+        return dataclasses.replace(known, status=status, change=change, reason=reason)
+
+    if ref == 0:
+        if estimate == 0:
+            return verdict(Status.PASS, 0.0)
+        return verdict(Status.INCONCLUSIVE, None, "baseline median is 0: unusable, a relative change from 0 is "
+                       "undefined (re-record it, or judge this metric with abs_tolerance on a non-zero unit)")
+    change = stats.relative_change(ref, estimate)
+    worse = _worse(better, ref, estimate)
+    if abs(worse) <= allowed or abs(estimate - ref) <= threshold.abs_tolerance:
+        return verdict(Status.PASS, change)
+    sign = 1.0 if worse > 0 else -1.0
+    status = Status.REGRESSED if sign > 0 else Status.IMPROVED
+    word = "worse" if sign > 0 else "better"
+    beyond = sum(1 for m in medians if sign * _worse(better, ref, m) > allowed)
+    if beyond < len(medians):
+        return verdict(Status.INCONCLUSIVE, change, f"rounds disagree: {beyond} of {len(medians)} round medians "
+                       f"are {word} than the threshold")
+    if stats.min_p(len(medians), reference.runs) <= ALPHA:
+        # orient both sides so that "greater" means the direction of the change
+        def oriented(v: float) -> float:
+            return sign * (v if better == "lower" else -v)
+
+        p = stats.mann_whitney_greater([oriented(m) for m in medians], [oriented(m) for m in reference.run_medians])
+        if p > ALPHA:
+            return verdict(Status.INCONCLUSIVE, change, f"not significant: rank test of {len(medians)} round "
+                           f"medians against {reference.runs} stored runs gives p = {p:.3f} > {ALPHA}")
+        return verdict(status, change, f"rank test p = {p:.3f}")
+    # lower is better and worse, or higher is better and better: the low quartile is the one nearest the reference
+    near = stats.quantile(pooled, 0.25 if (better == "lower") == (sign > 0) else 0.75)
+    if sign * _worse(better, ref, near) <= allowed:
+        return verdict(Status.INCONCLUSIVE, change, f"too noisy to resolve {allowed * 100:.1f} %: a quarter of the "
+                       f"samples are within the threshold (quartile {near:.4g}{' ' + unit if unit else ''})")
+    return verdict(status, change)
 
 
-def worst(statuses: Iterable[Status]) -> Status:
-    """A test's status: the most severe of its metrics' (PASS when it recorded none)."""
-    return max(statuses, key=lambda s: s.severity, default=Status.PASS)
+def missing(key: str, name: str, unit: str, better: str, reference: float | None, reason: str) -> Verdict:
+    return Verdict(key, name, unit, better, Status.MISSING, None, reference=reference, reason=reason)
+
+
+def inconclusive(verdict: Verdict, reason: str) -> Verdict:
+    """``verdict`` made INCONCLUSIVE (e.g. the health gate tripped): it can then neither pass nor fail."""
+    return dataclasses.replace(verdict, status=Status.INCONCLUSIVE, reason=reason)

@@ -41,10 +41,11 @@ def test_new_update_pass_regress_improve(pytester: pytest.Pytester, run_moeperf,
     update.assert_outcomes(passed=2)
     update.stdout.fnmatch_lines(["baselines updated: 3 metric(s)", "wrote *test_synthetic.json"])
     stored = json.loads(baseline_file(pytester).read_text())
-    assert stored["schema"] == 1
+    assert stored["schema"] == 2
     latency = stored["metrics"]["test_synthetic.py::test_decode_step::latency"]
     assert latency["summary"]["median"] == pytest.approx(10.0)
     assert latency["summary"]["n"] == 7
+    assert [run["median"] for run in latency["runs"]] == [pytest.approx(10.0)]
     assert latency["context"] == {"model": "tiny", "batch": 1}
     assert {"date", "git_commit", "software", "fingerprint_hash"} <= set(latency["provenance"])
     assert list(stored["metrics"]) == sorted(stored["metrics"]), "keys are sorted for diff-friendly files"
@@ -59,9 +60,10 @@ def test_new_update_pass_regress_improve(pytester: pytest.Pytester, run_moeperf,
     slower.stdout.fnmatch_lines([
         "*_ test_decode_step _*",
         "moeperf: 2 metric(s) regressed against baselines/*",
-        "*latency: baseline 10 ms (n=7) -> current 12 ms (n=7), change +20.0 % ?lower is better; tolerance 10.0 %?"
-        " -> REGRESSED",
-        "*throughput: baseline 100 tok/s (n=1) -> current 83.33 tok/s (n=1), change -16.7 %*higher is better*REGRESSED",
+        "*latency: baseline 10 ms (1 run) -> current 12 ms (n=21, 3 rounds), change +20.0 % ?lower is better; "
+        "threshold 5.0 %; spread from 1 run (within-run IQR 0.7 %)? -> REGRESSED",
+        "*throughput: baseline 100 tok/s (1 run) -> current 83.33 tok/s (n=3, 3 rounds), change -16.7 %*higher is "
+        "better*REGRESSED",
     ])
     assert "FAILED test_synthetic.py::test_other" not in slower.stdout.str()
 
@@ -96,7 +98,8 @@ def test_failed_test_metrics_are_not_written(pytester: pytest.Pytester, run_moep
     pytester.makepyfile("def test_t(perf):\n    perf.record('x', 1.0, unit='us')\n    assert False, 'broken'\n")
     result = run_moeperf("--moeperf-update")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*1 metric(s) of failed tests were not written to the baselines*"])
+    result.stdout.fnmatch_lines(["*1 metric(s) of failed tests (or unhealthy windows) were not written to the "
+                                 "baselines*"])
     assert not list((pytester.path / "baselines").glob("*/*.json"))
 
 
@@ -168,7 +171,8 @@ def test_reports_json_in_benchmark_schema_and_markdown(pytester: pytest.Pytester
     assert lat["params"] == {"model": "tiny", "batch": 1}
     md = (pytester.path / "out" / "summary.md").read_text()
     assert md.startswith("## moeperf: cpu-")
-    assert "| `test_synthetic.py::test_decode_step::latency` | ms | 10 | 10 | +0.0 % | 10 % | ✅ PASS |" in md
+    row = "| `test_synthetic.py::test_decode_step::latency` | ms | 10 | 10 | +0.0 % | 5.0 % (1 run) | 1 | ✅ PASS |"
+    assert row in md
 
 
 def test_results_from_xdist_workers_are_merged(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]

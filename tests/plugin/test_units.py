@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from pytest_moeperf import baselines, stats, topology
 from pytest_moeperf.records import Measurement
-from pytest_moeperf.thresholds import Threshold
-from pytest_moeperf.verdict import Status, judge, worst
+from pytest_moeperf.thresholds import Reference, Threshold
+from pytest_moeperf.verdict import Status, judge
 
 
 def test_quantiles_match_linear_interpolation() -> None:
@@ -36,34 +39,72 @@ def test_relative_change_direction_and_zero() -> None:
     assert math.isinf(stats.relative_change(0.0, 1.0))
 
 
+def ref(*medians: float, iqr: float = 0.0) -> Reference:
+    return Reference(tuple(medians), iqr)
+
+
 @pytest.mark.parametrize(
     ("better", "scale", "expected"),
-    [("lower", 1.2, Status.REGRESSED), ("lower", 0.8, Status.IMPROVED), ("lower", 1.05, Status.PASS),
-     ("higher", 0.8, Status.REGRESSED), ("higher", 1.2, Status.IMPROVED), ("higher", 0.95, Status.PASS)],
+    [("lower", 1.2, Status.REGRESSED), ("lower", 0.8, Status.IMPROVED), ("lower", 1.04, Status.PASS),
+     ("higher", 0.8, Status.REGRESSED), ("higher", 1.2, Status.IMPROVED), ("higher", 0.96, Status.PASS)],
 )
 def test_verdict_is_direction_aware(better: str, scale: float, expected: Status) -> None:
-    base = stats.summarize([10.0, 10.1, 9.9, 10.0, 10.05])
-    cur = stats.summarize([x * scale for x in [10.0, 10.1, 9.9, 10.0, 10.05]])
-    assert judge("k", "m", "us", better, cur, base, Threshold(0.1)).status is expected
+    samples = [10.0, 10.1, 9.9, 10.0, 10.05]
+    assert judge("k", "m", "us", better, [[x * scale for x in samples]], ref(10.0), Threshold(0.1)).status is expected
 
 
-def test_absolute_tolerance_and_noise_widen_the_threshold() -> None:
-    base = stats.summarize([1.0] * 5)
-    cur = stats.summarize([1.5] * 5)
-    assert judge("k", "m", "us", "lower", cur, base, Threshold(0.1)).status is Status.REGRESSED
-    assert judge("k", "m", "us", "lower", cur, base, Threshold(0.1, abs_tolerance=1.0)).status is Status.PASS
-    noisy = stats.summarize([0.5, 0.8, 1.0, 1.3, 1.6])  # IQR/median = 0.5
-    verdict = judge("k", "m", "us", "lower", cur, noisy, Threshold(0.1, noise_k=1.5))
-    assert verdict.allowed == pytest.approx(0.75) and verdict.status is Status.PASS
+def test_small_sample_masking_cases_never_pass() -> None:
+    """The issue's cases: one good sample must not hide a regression (old bootstrap-interval rule: PASS)."""
+    latency = judge("k", "m", "ms", "lower", [[100, 190, 190, 190, 190]], ref(100.0), Threshold())
+    speedup = judge("k", "m", "x", "higher", [[1.2, 1.2, 1.2, 1.9]], ref(1.82), Threshold())
+    assert latency.status in (Status.REGRESSED, Status.INCONCLUSIVE)
+    assert speedup.status in (Status.REGRESSED, Status.INCONCLUSIVE)
+    # the same with learned noise and confirmation rounds: the rank test decides
+    runs = ref(1.82, 1.80, 1.85, 1.81, 1.83)
+    confirmed = judge("k", "m", "x", "higher", [[1.2, 1.2, 1.2, 1.9], [1.25], [1.19]], runs, Threshold())
+    assert confirmed.status is Status.REGRESSED and "rank test p = 0.018" in confirmed.reason
+
+
+def test_disagreeing_rounds_and_scattered_samples_are_inconclusive() -> None:
+    runs = ref(10.0, 10.1, 9.9, 10.0, 10.05)
+    split = judge("k", "m", "us", "lower", [[13.0], [10.0], [13.5]], runs, Threshold(0.1))
+    assert split.status is Status.INCONCLUSIVE and "1 of 3" not in split.reason and "2 of 3" in split.reason
+    scattered = judge("k", "m", "us", "lower", [[8.0, 9.0, 13.0, 14.0, 15.0]], ref(10.0), Threshold(0.1))
+    assert scattered.status is Status.INCONCLUSIVE and "too noisy" in scattered.reason
+    assert judge("k", "m", "us", "lower", [[13.0], [13.1], [13.2]], runs, Threshold(0.1)).status is Status.REGRESSED
+
+
+def test_rank_test_is_exact_and_one_sided() -> None:
+    assert stats.mann_whitney_greater([3.0, 4.0, 5.0], [0.0, 0.5, 1.0, 1.5, 2.0]) == pytest.approx(1 / 56)
+    assert stats.mann_whitney_greater([0.0, 0.5, 1.0], [3.0, 4.0, 5.0, 6.0, 7.0]) == 1.0
+    assert stats.min_p(3, 5) == pytest.approx(1 / 56) and stats.min_p(1, 5) == pytest.approx(1 / 6)
+
+
+def test_threshold_is_min_effect_or_k_times_the_learned_spread() -> None:
+    quiet = ref(100.0, 100.2, 99.8, 100.1, 99.9)
+    loud = ref(100.0, 110.0, 90.0, 105.0, 95.0)
+    assert Threshold(0.05).allowed(quiet)[0] == 0.05
+    allowed, note = Threshold(0.05, noise_k=3).allowed(loud)
+    assert allowed == pytest.approx(3 * 1.4826 * 5.0 / 100.0) and "from 5 runs" in note
+    one = Threshold(0.05).allowed(ref(100.0, iqr=0.2))
+    assert one[0] == 0.2 and "spread from 1 run" in one[1]
+
+
+def test_absolute_tolerance_and_zero_baselines() -> None:
+    assert judge("k", "m", "us", "lower", [[1.5] * 5], ref(1.0), Threshold(0.1)).status is Status.REGRESSED
+    assert judge("k", "m", "us", "lower", [[1.5] * 5], ref(1.0), Threshold(0.1, 1.0)).status is Status.PASS
+    zero = judge("k", "m", "GB/s", "higher", [[0.0]], ref(0.0), Threshold())
+    assert zero.status is Status.PASS
+    unusable = judge("k", "m", "GB/s", "higher", [[5.0]], ref(0.0), Threshold())
+    assert unusable.status is Status.INCONCLUSIVE and "baseline median is 0" in unusable.reason
 
 
 def test_verdict_round_trips_and_new_has_no_baseline() -> None:
-    cur = stats.summarize([3.0, 3.1])
-    new = judge("k", "m", "us", "lower", cur, None, Threshold(0.1))
-    assert new.status is Status.NEW and "NEW" in new.message()
+    new = judge("k", "m", "us", "lower", [[3.0, 3.1]], None, Threshold(0.1))
+    assert new.status is Status.NEW and "no baseline" in new.message()
     assert type(new).from_json(json.loads(json.dumps(new.to_json()))) == new
-    assert worst([Status.PASS, Status.IMPROVED, Status.NEW]) is Status.IMPROVED
-    assert worst([]) is Status.PASS
+    judged = judge("k", "m", "us", "lower", [[3.0, 3.1], [3.2]], ref(3.0, 3.1, 2.9), Threshold(0.1))
+    assert type(judged).from_json(json.loads(json.dumps(judged.to_json()))) == judged
 
 
 def test_threshold_rejects_negative_values() -> None:
@@ -142,6 +183,45 @@ def test_store_update_merges_and_refuses_a_corrupt_file(tmp_path: Path) -> None:
     assert store.path("test_s").read_text() == "garbage"
 
 
+def test_store_keeps_the_last_k_runs_and_reads_schema_1(tmp_path: Path) -> None:
+    store = baselines.BaselineStore(tmp_path, "cpu-x")
+    fp = {"slug": "cpu-x", "hash": "abc"}
+    store.update([_m("a", "t", v) for v in (1.0, 2.0, 3.0)], fp, {"date": "d"}, keep_runs=2)
+    entry = baselines.read_file(store.path("test_s")).entries["suites/x/test_s.py::a::t"]
+    assert [r.median for r in entry.runs] == [2.0, 3.0] and entry.reference().value == 2.5
+    legacy = json.loads(store.path("test_s").read_text())
+    legacy["schema"] = 1
+    for metric in legacy["metrics"].values():
+        del metric["runs"]
+    store.path("test_s").write_text(json.dumps(legacy))
+    old = baselines.read_file(store.path("test_s")).entries["suites/x/test_s.py::a::t"]
+    assert old.reference().run_medians == (3.0,)
+    store.update([_m("a", "t", 5.0)], fp, {"date": "e"})
+    assert [r.median for r in baselines.read_file(store.path("test_s")).entries[old.key].runs] == [3.0, 5.0]
+
+
+def test_non_finite_baselines_are_refused_on_read_and_write(tmp_path: Path) -> None:
+    store = baselines.BaselineStore(tmp_path, "cpu-x")
+    store.update([_m("a", "t", 1.0)], {"hash": "abc"}, {})
+    text = store.path("test_s").read_text().replace('"median": 1.0', '"median": NaN', 1)
+    store.path("test_s").write_text(text)
+    with pytest.raises(baselines.BaselineError, match=r"test_s.json: metric .*a::t.* non-finite"):
+        baselines.read_file(store.path("test_s"))
+    entry = baselines.BaselineEntry.from_measurement(_m("b", "t", 1.0), {})
+    bad = dataclasses.replace(entry, summary=dataclasses.replace(entry.summary, median=math.inf))
+    with pytest.raises(baselines.BaselineError, match="non-finite median"):
+        baselines.dump({}, {bad.key: bad})
+
+
+def test_files_get_the_umask_mode(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        baselines.atomic_write(tmp_path / "f.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "f.json").stat().st_mode) == 0o644
+
+
 def test_diff_trees_reports_added_removed_changed() -> None:
     def entry(key: str, value: float) -> baselines.BaselineEntry:
         return baselines.BaselineEntry(key, "t", "n", "us", "lower", stats.summarize([value]))
@@ -151,3 +231,10 @@ def test_diff_trees_reports_added_removed_changed() -> None:
     changes = {c.key: c for c in baselines.diff_trees(old, new)}
     assert changes["a"].kind == "changed" and changes["a"].relative == pytest.approx(0.5)
     assert changes["b"].kind == "removed" and changes["c"].kind == "added"
+
+
+def test_provenance_without_a_commit_is_unknown_not_clean(tmp_path: Path) -> None:
+    from pytest_moeperf.session import git_commit_info
+
+    info = git_commit_info(tmp_path)  # not a git checkout
+    assert info["id"] is None and info["dirty"] is None

@@ -1,0 +1,103 @@
+"""The requirement markers (``gpus``, ``interconnect``, ``compute_capability``, ``arch``, ``requires``) and the
+checks of their arguments: a marker a test cannot meet skips it naming what was required and what was found; a
+marker with bad arguments is a usage error of that test (it errors at setup), never of the whole session."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from pytest_moeperf.thresholds import ThresholdError, marker_arguments
+from pytest_moeperf.topology import Topology
+
+MARKERS = (
+    "gpus(n): needs at least n GPUs",
+    "interconnect(kind): needs GPUs linked by 'nvlink' or 'pcie' (every pair)",
+    "compute_capability(major, minor=0): needs GPUs of at least this compute capability",
+    "arch(*names): needs GPUs of one of these architectures, e.g. arch('sm90', 'sm120')",
+    "requires(*modules): needs these Python modules to be importable (e.g. 'vllm')",
+    "moeperf_threshold(tolerance=None, abs_tolerance=None, noise_k=None): thresholds for the metrics of a test",
+    "gemm: GEMM suite",
+    "allreduce: AllReduce suite",
+    "serving: end-to-end serving suite",
+    "specdecode: speculative-decoding suite",
+)
+
+usage_error_key = pytest.StashKey[str]()
+
+
+class MarkerError(ValueError):
+    """A requirement marker with arguments it cannot take."""
+
+
+def _int(marker: pytest.Mark, value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise MarkerError(f"{marker.name}: {what} must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise MarkerError(f"{marker.name}: {what} must be an integer, got {value!r}") from None
+
+
+def _arg(marker: pytest.Mark, name: str, default: object = None) -> object:
+    if marker.args:
+        return marker.args[0]
+    if name in marker.kwargs:
+        return marker.kwargs[name]
+    if default is None:
+        raise MarkerError(f"{marker.name}: missing argument {name!r}")
+    return default
+
+
+def unmet_requirement(item: pytest.Item, topo: Topology) -> str | None:
+    """Why ``item`` cannot run on ``topo`` (what was required, what was found), or None. `MarkerError` for a
+    marker with bad arguments."""
+    found_gpus = f"found {topo.gpu_count} GPU(s)" + (f" ({topo.gpus[0].name})" if topo.gpus else "")
+    for marker in item.iter_markers("gpus"):
+        need = _int(marker, _arg(marker, "n", 1), "n (the number of GPUs)")
+        if topo.gpu_count < need:
+            return f"requires {need} GPU(s), {found_gpus}"
+    for marker in item.iter_markers("interconnect"):
+        kind = str(_arg(marker, "kind")).lower()
+        if kind not in {"nvlink", "pcie"}:
+            raise MarkerError(f"interconnect({kind!r}) must be 'nvlink' or 'pcie'")
+        if topo.interconnect != kind:
+            return f"requires a {kind} interconnect, found {topo.interconnect} ({found_gpus})"
+    for marker in item.iter_markers("compute_capability"):
+        major = _int(marker, marker.kwargs.get("major", marker.args[0] if marker.args else None), "major")
+        minor_arg = marker.args[1] if len(marker.args) > 1 else marker.kwargs.get("minor", 0)
+        need_cc = (major, _int(marker, minor_arg, "minor"))
+        have = topo.compute_capability
+        if have is None or have < need_cc:
+            have_text = "no GPU" if have is None else f"{have[0]}.{have[1]}"
+            return f"requires compute capability >= {need_cc[0]}.{need_cc[1]}, found {have_text}"
+    for marker in item.iter_markers("arch"):
+        wanted = {str(a).lower() for a in marker.args}
+        archs = {g.arch for g in topo.gpus}
+        if not archs or not archs <= wanted:
+            return f"requires architecture {' or '.join(sorted(wanted))}, found {', '.join(sorted(archs)) or 'no GPU'}"
+    for marker in item.iter_markers("requires"):
+        missing = [m for m in marker.args if importlib.util.find_spec(str(m)) is None]
+        if missing:
+            return f"requires importable module(s) {', '.join(missing)}, not installed"
+    return None
+
+
+def apply(item: pytest.Item, topo: Topology) -> None:
+    """Skip ``item`` when its requirements are unmet; remember a usage error to raise at its setup."""
+    try:
+        marker_arguments(item)
+        reason = unmet_requirement(item, topo)
+    except (MarkerError, ThresholdError) as exc:
+        item.stash[usage_error_key] = f"{item.nodeid}: bad marker: {exc}"
+        return
+    if reason is not None:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def check_usage(item: pytest.Item) -> None:
+    """At setup: error the test whose markers had bad arguments."""
+    message = item.stash.get(usage_error_key, None)
+    if message is not None:
+        pytest.fail(message, pytrace=False)

@@ -1,0 +1,239 @@
+"""The verdict rules through real pytest sessions: masking, confirmation, MISSING, strict, unit changes, bad
+markers, interrupted updates, the health gate's record, fingerprint mismatches and ``--moeperf-rounds``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+# A synthetic test: its samples are scaled by MOEPERF_TEST_SCALE (or, for round k of the test in this session,
+# by the k-th value of MOEPERF_TEST_SCALES); every call is counted in calls.txt.
+SYNTHETIC = """
+import os, pytest
+from pathlib import Path
+
+def scale():
+    calls = Path("calls.txt")
+    n = len(calls.read_text().splitlines()) if calls.exists() else 0
+    with calls.open("a") as handle:
+        handle.write("call\\n")
+    per_round = os.environ.get("MOEPERF_TEST_SCALES")
+    if per_round:
+        values = [float(x) for x in per_round.split(",")]
+        return values[min(n, len(values) - 1)]
+    return float(os.environ.get("MOEPERF_TEST_SCALE", "1.0"))
+
+def test_latency(perf):
+    s = scale()
+    perf.record("latency", [10.0 * s, 10.1 * s, 9.9 * s, 10.0 * s, 10.05 * s], unit="ms")
+
+def test_maybe_skipped(perf):
+    if os.environ.get("MOEPERF_TEST_SKIP"):
+        pytest.skip("backend raises on this box")
+    perf.record("gbps", [100.0], unit="GB/s", better="higher")
+"""
+
+
+def calls(pytester: pytest.Pytester) -> int:
+    path = pytester.path / "calls.txt"
+    count = len(path.read_text().splitlines()) if path.exists() else 0
+    path.unlink(missing_ok=True)
+    return count
+
+
+def stored(pytester: pytest.Pytester) -> dict:  # type: ignore[type-arg]
+    files = list((pytester.path / "baselines").glob("*/test_syn.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())["metrics"]  # type: ignore[no-any-return]
+
+
+def test_confirmation_reruns_and_a_persistent_regression_still_fails(pytester: pytest.Pytester,  # type: ignore[no-untyped-def]
+                                                                     run_moeperf, monkeypatch: pytest.MonkeyPatch):
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    assert calls(pytester) == 1  # one call under --moeperf-update (no confirmation)
+
+    monkeypatch.setenv("MOEPERF_TEST_SCALES", "1.5,1.0,1.0")  # one slow round, then normal again
+    flaky = run_moeperf("-k", "test_latency")
+    flaky.assert_outcomes(passed=1)
+    assert calls(pytester) == 3, "the crossing round was re-measured until the verdict settled"
+    flaky.stdout.fnmatch_lines(["*test_syn.py::test_latency::latency*PASS"])
+
+    monkeypatch.setenv("MOEPERF_TEST_SCALES", "1.5")
+    slow = run_moeperf("-k", "test_latency")
+    slow.assert_outcomes(failed=1)
+    assert calls(pytester) == 3, "1 round + 2 confirmations (--moeperf-confirm default)"
+    slow.stdout.fnmatch_lines(["*latency: baseline 10 ms (1 run) -> current 15 ms (n=15, 3 rounds)*REGRESSED"])
+
+    assert run_moeperf("-k", "test_latency", "--moeperf-confirm", "0").ret == pytest.ExitCode.TESTS_FAILED
+    assert calls(pytester) == 1
+
+
+def test_one_lucky_sample_does_not_mask_a_regression(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_mask="""
+        import os
+        def test_t(perf):
+            bad = os.environ.get("BAD")
+            perf.record("t", [100, 190, 190, 190, 190] if bad else [100] * 5, unit="ms")
+            perf.record("speedup", [1.2, 1.2, 1.2, 1.9] if bad else [1.82] * 4, unit="x", better="higher")
+    """)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("BAD", "1")
+    result = run_moeperf("--moeperf-confirm", "0")
+    out = result.stdout.str()
+    assert "test_mask.py::test_t::t" in out and " PASS" not in out, out
+    result.assert_outcomes(failed=1)
+
+
+def test_missing_metrics_and_strict_mode(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    monkeypatch.setenv("MOEPERF_TEST_SKIP", "1")
+    result = run_moeperf("--moeperf-report", "r.json", "--moeperf-markdown", "s.md")
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.OK, "MISSING does not fail by default"
+    result.stdout.fnmatch_lines(["*1 pass, 1 missing*",
+                                 "MISSING test_syn.py::test_maybe_skipped::gbps: test skipped: backend raises*"])
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert [v["key"] for v in doc["moeperf"]["missing"]] == ["test_syn.py::test_maybe_skipped::gbps"]
+    assert "MISSING `test_syn.py::test_maybe_skipped::gbps`: test skipped" in (pytester.path / "s.md").read_text()
+
+    strict = run_moeperf("--moeperf-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    strict.stdout.fnmatch_lines(["*--moeperf-strict: 1 metric(s) INCONCLUSIVE or MISSING: the session fails*"])
+    deselected = run_moeperf("--moeperf-strict", "-k", "test_latency")
+    assert deselected.ret == pytest.ExitCode.OK and "MISSING" not in deselected.stdout.str()
+    if importlib.util.find_spec("xdist") is not None:  # workers' reports reach the controller, which decides
+        workers = run_moeperf("-n", "2", "--moeperf-strict")
+        assert workers.ret == pytest.ExitCode.TESTS_FAILED
+        workers.stdout.fnmatch_lines(["MISSING test_syn.py::test_maybe_skipped::gbps: test skipped: backend raises*"])
+
+
+def test_unit_change_fails_the_test_naming_both(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_unit="""
+        import os
+        def test_t(perf):
+            perf.record("t", [10.0], unit=os.environ.get("UNIT", "us"))
+    """)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("UNIT", "ms")
+    result = run_moeperf()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*t: unit or direction changed: baseline 'us' (lower is better), now 'ms'*"])
+    run_moeperf("--moeperf-update").assert_outcomes(passed=1)  # an intended change is re-recorded
+    run_moeperf().assert_outcomes(passed=1)
+
+
+def test_bad_marker_arguments_error_that_test_only(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile(test_bad="""
+        import pytest
+
+        @pytest.mark.gpus("two")
+        def test_gpus():
+            pass
+
+        @pytest.mark.moeperf_threshold(tolerance="lots")
+        def test_threshold(perf):
+            perf.record("t", 1.0, unit="us")
+
+        def test_fine():
+            pass
+    """)
+    result = run_moeperf()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, errors=2)
+    assert "INTERNALERROR" not in result.stdout.str()
+    result.stdout.fnmatch_lines_random([
+        "*test_bad.py::test_gpus: bad marker: gpus: n (the number of GPUs) must be an integer, got 'two'*",
+        "*test_bad.py::test_threshold: bad marker: moeperf_threshold: tolerance must be a number, got 'lots'*",
+    ])
+
+
+def test_interrupted_update_writes_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_int="""
+        def test_a(perf):
+            perf.record("t", 1.0, unit="us")
+
+        def test_b(perf):
+            raise KeyboardInterrupt
+    """)
+    installed = any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(group="pytest11"))
+    plugin = () if installed else ("-p", "pytest_moeperf.plugin")
+    result = pytester.runpytest(*plugin, "-p", "no:cacheprovider", "--moeperf-baselines",
+                                str(pytester.path / "baselines"), "--moeperf-update", no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*baselines not updated: the session was interrupted or stopped early*"])
+    assert not list(pytester.path.glob("baselines/*/*.json"))
+
+
+def test_unhealthy_window_is_inconclusive_with_its_reasons(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    pytester.makeconftest("""
+        import pytest
+        from pytest_moeperf.health_record import HealthReport, health_key
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_makereport(item, call):
+            if call.when == "call":
+                item.stash[health_key] = HealthReport(False, ("host: 1.8 foreign cores busy",), {"load": 3.5})
+            return (yield)
+    """)
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "2.0")
+    result = run_moeperf("--moeperf-report", "r.json", "-k", "test_latency")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["INCONCLUSIVE test_syn.py::test_latency::latency: health: host: 1.8 foreign cores*"])
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert doc["moeperf"]["results"][0]["health"]["facts"] == {"load": 3.5}
+    update = run_moeperf("--moeperf-update", "-k", "test_latency")
+    update.stdout.fnmatch_lines(["*1 metric(s) of failed tests (or unhealthy windows) were not written*"])
+    assert stored(pytester)["test_syn.py::test_latency::latency"]["summary"]["median"] == pytest.approx(10.0)
+
+
+def test_fingerprint_hash_mismatch_is_reported_once(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=2)
+    path = next((pytester.path / "baselines").glob("*/test_syn.json"))
+    doc = json.loads(path.read_text())
+    doc["fingerprint"]["hash"] = "0000000000"
+    path.write_text(json.dumps(doc))
+    result = run_moeperf()
+    result.assert_outcomes(passed=2)
+    assert result.stdout.str().count("fingerprint hash differs") == 1
+    strict = run_moeperf("--moeperf-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    strict.stdout.fnmatch_lines(["*INCONCLUSIVE*recorded on a machine with fingerprint hash 0000000000*"])
+
+
+def test_rounds_run_in_separate_processes_and_update_once(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    update = run_moeperf("--moeperf-update", "--moeperf-rounds", "3", "--moeperf-markdown", "s.md")
+    assert update.ret == pytest.ExitCode.OK, update.stdout.str()
+    update.stdout.fnmatch_lines(["moeperf: round 1/3 ...", "moeperf: round 1/3: *2 passed*", "moeperf: round 3/3*",
+                                 "*moeperf (3 rounds)*", "baselines updated: 2 metric(s)"])
+    assert calls(pytester) == 3
+    runs = stored(pytester)["test_syn.py::test_latency::latency"]["runs"]
+    assert len(runs) == 3, "one run summary per round, written once"
+    assert Path(pytester.path / "s.md").read_text().count("## moeperf") == 1
+
+    monkeypatch.setenv("MOEPERF_TEST_SCALES", "1.5,1.0,1.0")  # one slow process out of three: the parent decides
+    one_slow = run_moeperf("--moeperf-rounds", "3", "-k", "test_latency")
+    assert one_slow.ret == pytest.ExitCode.OK, one_slow.stdout.str()
+    one_slow.stdout.fnmatch_lines(["*test_syn.py::test_latency::latency * 3 * PASS"])
+    calls(pytester)
+    monkeypatch.delenv("MOEPERF_TEST_SCALES")
+
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.5")
+    slow = run_moeperf("--moeperf-rounds", "3")
+    assert slow.ret == pytest.ExitCode.TESTS_FAILED
+    slow.stdout.fnmatch_lines(["*test_syn.py::test_latency::latency * 3 * REGRESSED"])
+    assert len(stored(pytester)["test_syn.py::test_latency::latency"]["runs"]) == 3, "a plain run writes nothing"
