@@ -9,12 +9,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_moeperf import baselines, report, topology
+from pytest_moeperf import baselines, probe, report, topology
 
 
 def _topology(args: argparse.Namespace) -> int:
     try:
-        topo = topology.load_topology(args.topology) if args.topology else topology.probe()
+        topo = topology.load_topology(args.topology) if args.topology else probe.probe()
     except topology.TopologyError as exc:
         print(f"moeperf topology: {exc}", file=sys.stderr)
         return 2

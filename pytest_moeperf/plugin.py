@@ -9,6 +9,7 @@ from collections.abc import Generator
 import pytest
 
 from pytest_moeperf import hookspec, markers, rounds
+from pytest_moeperf import probe as probe_mod
 from pytest_moeperf import settings as settings_mod
 from pytest_moeperf import topology as topology_mod
 from pytest_moeperf import verdict as verdict_mod
@@ -82,7 +83,7 @@ def pytest_moeperf_topology(config: pytest.Config) -> Topology:
     settings = config.stash[settings_key]
     if settings.topology_file is not None:
         return topology_mod.load_topology(settings.topology_file)
-    return topology_mod.probe()
+    return probe_mod.probe()
 
 
 @pytest.hookimpl(trylast=True)

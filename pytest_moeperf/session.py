@@ -4,8 +4,8 @@ Verdicts are computed where the test ran (a worker under xdist) and travel to th
 report's ``user_properties``, so results from workers merge without loss. A metric that crosses its threshold is
 re-measured (the test function is called again, its fixtures kept: a launched server or a rank pool stays up and
 only the measurement repeats, and no setup/teardown state of pytest is rewound) up to ``--moeperf-confirm`` times
-and judged on all its rounds. MISSING (baselined, not measured) and the baseline update are decided at the session's end, by
-the controller; an interrupted or crashed session writes no baseline.
+and judged on all its rounds. MISSING (baselined, not measured) and the baseline update are decided at the
+session's end, by the controller; an interrupted or crashed session writes no baseline.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf import topology
+from pytest_moeperf import probe, topology
 
 
 def moeperf(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -20,7 +20,7 @@ def moeperf(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 def test_topology_prints_this_machine_and_its_fingerprint() -> None:
     done = moeperf("topology")
     assert done.returncode == 0, done.stderr
-    assert f"fingerprint: {topology.probe().fingerprint.slug}" in done.stdout
+    assert f"fingerprint: {probe.probe().fingerprint.slug}" in done.stdout
 
 
 def test_topology_json_is_what_the_plugin_reads_back(tmp_path: Path) -> None:
