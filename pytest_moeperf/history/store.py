@@ -62,8 +62,8 @@ def is_postgresql(target: str) -> bool:
 
 
 def sqlite_path(target: str) -> Path:
-    """A SQLite target is a path or a ``sqlite:///path`` URL."""
-    return Path(target.removeprefix("sqlite://") if target.startswith("sqlite:///") else target)
+    """A SQLite target is a path or a URL as SQLAlchemy spells it: ``sqlite:///relative`` or ``sqlite:////absolute``."""
+    return Path(target.removeprefix("sqlite:///"))
 
 
 def parse_target(text: str) -> str | None:
