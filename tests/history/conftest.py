@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import matplotlib.figure  # noqa: F401 - the history extra is required here (no silent skip); imported before any
+import otava.analysis  # noqa: F401 - pytester test snapshots sys.modules, which would otherwise reload numpy per test
 import pytest
 
 PG_ENV = "MOEPERF_TEST_PG_URL"
