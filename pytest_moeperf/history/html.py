@@ -140,12 +140,12 @@ def html_report(doc: Mapping[str, Any], trends: Sequence[Trend] = (), fmt: str =
                   ("metrics", count_text or "none")]),
             "<h2>Topology</h2>", *topology_html(doc.get("machine_info") or {}),
             "<h2>Change against the baseline</h2>", _img(chart, fmt, "Δ % per metric"),
-            f'<p class="caption">{_e(caption)}</p>',
-            "<h2>Verdicts</h2>", '<p class="caption">Click a column header to sort.</p>', *verdict_table(metrics)]
-    if trends:
+            f'<p class="caption">{_e(caption)}</p>']
+    if trends:  # what needs a look first, before the full table
         body.append("<h2>History of flagged metrics</h2>")
         for trend in trends:
             body += [f"<h3>{_e(trend.key)}</h3>", _img(trend_plot(trend, fmt), fmt, f"trend of {trend.key}")]
+    body += ["<h2>Verdicts</h2>", '<p class="caption">Click a column header to sort.</p>', *verdict_table(metrics)]
     body += sections_html(doc)
     meta = json.dumps({"finished": run.finished, "fingerprint": run.fingerprint, "metrics": len(metrics)})
     return "\n".join(["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',

@@ -86,13 +86,13 @@ def _rank(metric: MetricRecord) -> tuple[int, float]:
     return SEVERITY.get(metric.status, 9), -scale
 
 
-def session_plot(metrics: Sequence[MetricRecord], fmt: str = "png", limit: int = 40) -> tuple[bytes, str]:
+def session_plot(metrics: Sequence[MetricRecord], fmt: str = "png", limit: int = 30) -> tuple[bytes, str]:
     """Δ % of each judged metric against its baseline (dot, by verdict) over its tolerance (grey bar, ± allowed):
     the picture of the verdict table. Shows the ``limit`` most telling metrics (worst verdicts, then the largest
     change relative to its tolerance); returns the image and a caption that says what was left out."""
     judged = sorted((m for m in metrics if m.change is not None), key=_rank)
     shown = judged[:limit]
-    figure = _figure(9.0, 1.2 + 0.24 * max(len(shown), 1))
+    figure = _figure(10.0, 1.0 + 0.2 * max(len(shown), 1))
     axes = figure.add_subplot()
     rows = list(range(len(shown)))[::-1]  # the worst at the top
     for row, metric in zip(rows, shown, strict=True):
