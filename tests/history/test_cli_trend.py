@@ -26,7 +26,7 @@ def store_sessions(target: str, values: list[float], step_versions: bool = True)
                                                          versions=versions)))
 
 
-def test_three_sessions_are_three_runs(target: str) -> None:
+def test_three_sessions_are_three_runs(target: str, capsys: pytest.CaptureFixture[str]) -> None:
     store_sessions(target, [100.0, 101.0, 99.5])
     done = subprocess.run([sys.executable, "-m", "pytest_moeperf.history.cli", "history", "--db", target, "list"],
                           capture_output=True, text=True, timeout=120)
@@ -38,6 +38,10 @@ def test_three_sessions_are_three_runs(target: str) -> None:
     assert [r[1] for r in runs] == ["2026-11-01T00:00:00+00:00", "2026-11-01T01:00:00+00:00",
                                     "2026-11-01T02:00:00+00:00"]
     assert all(r[3] == "cpu-2c-test" and r[-2:] == ["2", "0"] for r in runs), runs
+    assert main(["history", "list", "--db", target, "--limit", "2", "--fingerprint", "cpu-2c-test"]) == 0
+    assert main(["history", "--db", target, "--fingerprint", "another-box"]) == 0
+    limited, other = capsys.readouterr().out.split("\n0 run(s)")
+    assert limited.startswith("2 run(s)") and [line.split()[0] for line in limited.splitlines()[3:]] == ["#2", "#3"]
 
 
 def test_trend_names_the_run_of_an_injected_step(target: str, capsys: pytest.CaptureFixture[str],

@@ -94,3 +94,37 @@ def test_targets_and_keys() -> None:
     assert match_keys(keys, ["a.py::t[bf16-4096]::tflops"]) == [keys[0]], "brackets are no character class"
     assert match_keys(keys, ["*::tflops", "latency"]) == [keys[0], keys[1], keys[2]]
     assert match_keys(keys, ["nothing"]) == []
+
+
+def test_concurrent_sessions_each_write_whole(target: str) -> None:
+    """Four writers open a new history at once (each migrates) and append five sessions each: nothing is lost or
+    interleaved, as on runners sharing one PostgreSQL or jobs sharing one SQLite file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def writer(number: int) -> list[int]:
+        with HistoryStore.open(target) as store:
+            return [store.append(*records_from_report(report_doc(number * 10 + i, {KEY: 100.0 + number,
+                                                                                    f"t.py::w{number}::m": 1.0})))
+                    for i in range(5)]
+
+    with ThreadPoolExecutor(4) as pool:
+        ids = [run_id for batch in pool.map(writer, range(4)) for run_id in batch]
+    assert len(set(ids)) == 20
+    with HistoryStore.open(target) as store:
+        assert store.version() == SCHEMA_VERSION
+        assert [r.metrics for r in store.runs()] == [2] * 20
+        assert sorted(p.metric.median for p in store.series(KEY)) == sorted([100.0 + n for n in range(4)] * 5)
+
+
+def test_plugin_side_targets(tmp_path: Path) -> None:
+    from pytest_moeperf.history.plugin import default_target, parse_history_option, resolve_target
+
+    baselines = tmp_path / "repo" / "baselines"
+    assert resolve_target(None, baselines) == default_target(baselines) == str(
+        tmp_path / "repo" / ".moeperf" / "history.sqlite")
+    assert resolve_target(parse_history_option("Off"), baselines) is None
+    assert resolve_target(parse_history_option("postgresql://ci@db/perf"), baselines) == "postgresql://ci@db/perf"
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="sqlite:///PATH"):
+        parse_history_option("http://example.invalid/history")
