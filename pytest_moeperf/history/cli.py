@@ -7,7 +7,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pytest_moeperf.history.plugin import HISTORY_DIR, HISTORY_FILE
@@ -114,12 +114,17 @@ def _trend(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(func: argparse.Namespace) -> int:
-    try:
-        return int(func.func(func))
-    except HistoryError as exc:
-        print(f"moeperf {func.command}: {exc}", file=sys.stderr)
-        return 2
+def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A history that cannot be opened or read is a message and exit status 2, not a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except HistoryError as exc:
+            print(f"moeperf {args.command}: {exc}", file=sys.stderr)
+            return 2
+
+    return run
 
 
 def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -136,7 +141,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listing.add_argument("--limit", type=int, metavar="N", help="only the last N runs")
     show = actions.add_parser("show", parents=[common], help="each named metric's value per run")
     show.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
-    history.set_defaults(func=_history, action="list", fingerprint=None)
+    history.set_defaults(func=_guarded(_history), action="list", fingerprint=None)
     trend = sub.add_parser("trend", parents=[common], help="change points in metrics' histories (Apache Otava)")
     trend.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
     trend.add_argument("--plot", type=Path, metavar="PATH",
@@ -147,7 +152,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="smallest relative step reported (default: %(default)s)")
     trend.add_argument("--window", type=int, default=WINDOW, metavar="RUNS",
                        help="sliding window of the split step, in runs (default: %(default)s)")
-    trend.set_defaults(func=_trend, fingerprint=None)
+    trend.set_defaults(func=_guarded(_trend), fingerprint=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moeperf", description="perf history and change points")
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    return _run(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

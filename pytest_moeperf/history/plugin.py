@@ -8,6 +8,7 @@ Neither failure fails the run: a history that cannot be written or an HTML repor
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
@@ -33,15 +34,19 @@ class HistoryWarning(UserWarning):
     """The history or the HTML report could not be written; the run's other reports are unaffected."""
 
 
-def parse_history_option(text: str) -> str:
-    """``--moeperf-history URL|PATH|off``: checked here, resolved by `resolve_target` once the baselines directory
-    is known. Returns ``"off"`` for any off spelling."""
+def parse_history_option(text: str) -> str | Path:
+    """``--moeperf-history URL|PATH|off``: a PostgreSQL URL stays a string, ``off`` (any spelling) becomes ``"off"``,
+    a SQLite path or ``sqlite:///`` URL becomes a `Path`, which the option table then makes absolute against the
+    current directory (command line) or the ini file's (ini), as it does for every path option."""
     import argparse
 
     try:
-        return parse_target(text) or "off"
+        target = parse_target(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if target is None:
+        return "off"
+    return target if is_postgresql(target) else sqlite_path(target)
 
 
 def default_target(baselines_dir: Path) -> str:
@@ -51,17 +56,22 @@ def default_target(baselines_dir: Path) -> str:
     return str(baselines_dir.parent / HISTORY_DIR / HISTORY_FILE)
 
 
-def resolve_target(value: str | None, baselines_dir: Path) -> str | None:
+def resolve_target(value: str | Path | None, baselines_dir: Path) -> str | None:
     """The option's value (None: not given) as a store target, or None when the history is off."""
     if value is None:
         return default_target(baselines_dir)
+    if isinstance(value, Path):
+        return str(value)
     if value.strip().lower() in OFF:
         return None
     return value
 
 
 def _warn(message: str) -> None:
-    warnings.warn(HistoryWarning(message), stacklevel=3)
+    try:
+        warnings.warn(HistoryWarning(message), stacklevel=3)
+    except HistoryWarning:  # -W error: a failed history write still must not raise out of the session's end
+        sys.stderr.write(f"moeperf: {message}\n")
 
 
 def record_session(run: RunRecord, metrics: Sequence[MetricRecord], target: str) -> int | None:

@@ -153,3 +153,6 @@ def test_a_failed_write_warns_and_stores_nothing(tmp_path: Path) -> None:
         assert not write_html(blocker / "report.html", report_doc(0, {KEY: 100.0}), target)
     with HistoryStore.open(target) as store:
         assert len(store.runs()) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # -W error: the message goes to stderr, nothing raises out of the session
+        assert record_session(run, metrics, str(blocker / "history.sqlite")) is None

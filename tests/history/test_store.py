@@ -124,6 +124,8 @@ def test_plugin_side_targets(tmp_path: Path) -> None:
         tmp_path / "repo" / ".moeperf" / "history.sqlite")
     assert resolve_target(parse_history_option("Off"), baselines) is None
     assert resolve_target(parse_history_option("postgresql://ci@db/perf"), baselines) == "postgresql://ci@db/perf"
+    assert parse_history_option("sqlite:///h.sqlite") == parse_history_option("h.sqlite") == Path("h.sqlite")
+    assert resolve_target(tmp_path / "h.sqlite", baselines) == str(tmp_path / "h.sqlite")
     import argparse
 
     with pytest.raises(argparse.ArgumentTypeError, match="sqlite:///PATH"):
