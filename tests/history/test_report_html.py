@@ -156,3 +156,25 @@ def test_a_failed_write_warns_and_stores_nothing(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # -W error: the message goes to stderr, nothing raises out of the session
         assert record_session(run, metrics, str(blocker / "history.sqlite")) is None
+
+
+def test_html_shows_a_gpu_topology_and_the_extra_tables_escaped_in_svg() -> None:
+    from pytest_moeperf.history.html import html_report
+    from pytest_moeperf.topology import load_topology
+
+    topo = load_topology("8x-rtx-pro-6000-pcie")
+    doc = report_doc(0, {KEY: 130.0}, status="REGRESSED")
+    doc["machine_info"]["moeperf"] = {"fingerprint": topo.fingerprint.slug, "hash": topo.fingerprint.hash,
+                                      "topology": topo.to_json()}
+    doc["moeperf"] = {"sections": [{"title": "Decode-step budget <tp8>", "columns": ["component", "share"],
+                                    "rows": [["all-reduce", "51.5 %"], ["experts & router", "12 %"]],
+                                    "note": "from this run's GEMMs"}]}
+    text = html_report(doc, fmt="svg")
+    page = Page()
+    page.feed(text)
+    [chart] = page.images
+    mime, data = decoded(chart)
+    assert mime == "image/svg+xml" and ET.fromstring(data).tag.endswith("svg")
+    assert text.count("RTX PRO 6000") >= 8, "one row per GPU"
+    assert "Decode-step budget &lt;tp8&gt;" in text and "experts &amp; router" in text
+    assert page.headers[-2:] == ["component", "share"]
