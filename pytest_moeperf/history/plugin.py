@@ -1,0 +1,147 @@
+"""The pytest side of the history, free of session internals: the session hands over the JSON report document
+(``--moeperf-report``'s schema) at its end; this module stores it and writes the HTML report.
+
+Neither failure fails the run: a history that cannot be written or an HTML report that cannot be drawn warns
+(`HistoryWarning`) and leaves every other report of the run as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_moeperf.history.records import MetricRecord, ReportFormatError, RunRecord, records_from_report
+from pytest_moeperf.history.store import (
+    OFF,
+    HistoryError,
+    HistoryStore,
+    is_postgresql,
+    parse_target,
+    redact,
+    sqlite_path,
+)
+
+HISTORY_DIR = ".moeperf"
+HISTORY_FILE = "history.sqlite"
+
+
+class HistoryWarning(UserWarning):
+    """The history or the HTML report could not be written; the run's other reports are unaffected."""
+
+
+def parse_history_option(text: str) -> str | Path:
+    """``--moeperf-history URL|PATH|off``: a PostgreSQL URL stays a string, ``off`` (any spelling) becomes ``"off"``,
+    a SQLite path or ``sqlite:///`` URL becomes a `Path`, which the option table then makes absolute against the
+    current directory (command line) or the ini file's (ini), as it does for every path option."""
+    import argparse
+
+    try:
+        target = parse_target(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if target is None:
+        return "off"
+    return target if is_postgresql(target) else sqlite_path(target)
+
+
+def default_target(baselines_dir: Path) -> str:
+    """``<baselines>/../.moeperf/history.sqlite``: beside the baselines, not in them, because ``baselines/`` is
+    committed and reviewed (the update workflow runs ``git add baselines``), while the history is a growing binary
+    file that belongs to the machine, or to a shared PostgreSQL."""
+    return str(baselines_dir.parent / HISTORY_DIR / HISTORY_FILE)
+
+
+def resolve_target(value: str | Path | None, baselines_dir: Path) -> str | None:
+    """The option's value (None: not given) as a store target, or None when the history is off."""
+    if value is None:
+        return default_target(baselines_dir)
+    if isinstance(value, Path):
+        return str(value)
+    if value.strip().lower() in OFF:
+        return None
+    return value
+
+
+def _warn(message: str) -> None:
+    try:
+        warnings.warn(HistoryWarning(message), stacklevel=3)
+    except HistoryWarning:  # -W error: a failed history write still must not raise out of the session's end
+        sys.stderr.write(f"moeperf: {message}\n")
+
+
+def record_session(run: RunRecord, metrics: Sequence[MetricRecord], target: str) -> int | None:
+    """Append one session to the history at ``target`` in one transaction. Returns the run's id, or None after
+    warning when the history cannot be opened or written (nothing of the session is then stored)."""
+    try:
+        with HistoryStore.open(target) as store:
+            return store.append(run, metrics)
+    except HistoryError as exc:
+        _warn(f"moeperf history not written: {exc}")
+        return None
+
+
+def record_report(doc: Mapping[str, Any], target: str, started: str | None = None) -> int | None:
+    """`record_session` for a ``--moeperf-report`` document."""
+    try:
+        run, metrics = records_from_report(doc, started)
+    except ReportFormatError as exc:
+        _warn(f"moeperf history not written: {exc}")
+        return None
+    return record_session(run, metrics, target)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def flagged_trends(doc: Mapping[str, Any], target: str | None) -> list[Any]:
+    """Trends, on this run's fingerprint, of the metrics this run flagged (regressed or inconclusive)."""
+    from pytest_moeperf.history import html, trend
+
+    if target is None or (not is_postgresql(target) and not sqlite_path(target).exists()):
+        return []
+    run, metrics = records_from_report(doc)
+    keys = html.flagged_keys(metrics)
+    if not keys:
+        return []
+    with HistoryStore.open(target) as store:
+        return [t for t in trend.trends(store, keys, fingerprint=run.fingerprint_hash) if t.key in keys]
+
+
+def write_html(path: Path, doc: Mapping[str, Any], target: str | None = None) -> bool:
+    """Write the HTML report of ``doc`` to ``path``, with the history's trends of flagged metrics when ``target``
+    names a history (call after `record_session`, so this run is in it). Warns and returns False on failure."""
+    from pytest_moeperf.history import html
+
+    try:
+        try:
+            trends = flagged_trends(doc, target)
+        except HistoryError as exc:
+            _warn(f"moeperf HTML report drawn without history: {exc}")
+            trends = []
+        _atomic_write(path, html.html_report(doc, trends))
+    except ImportError as exc:
+        _warn(f"moeperf HTML report not written: it needs the 'history' extra (matplotlib, apache-otava): {exc}")
+        return False
+    except (OSError, ReportFormatError, ValueError) as exc:
+        _warn(f"moeperf HTML report not written to {path}: {type(exc).__name__}: {exc}")
+        return False
+    return True
+
+
+def describe(target: str | None) -> str:
+    """A header line for the terminal: where this session's history goes."""
+    return "history: off" if target is None else f"history: {redact(target)}"

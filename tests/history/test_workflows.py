@@ -1,0 +1,87 @@
+"""The GitHub workflows: valid against GitHub's workflow schema (check-jsonschema ships it and runs offline), no
+GPU job for a fork's pull request, a baseline update that opens a reviewed pull request, reports as artifacts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+WORKFLOWS = sorted((Path(__file__).resolve().parents[2] / ".github" / "workflows").glob("*.yml"))
+FORK_GUARD = "github.event.pull_request.head.repo.full_name == github.repository"
+
+
+def load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    if True in doc:  # YAML 1.1 reads the key `on` as a boolean
+        doc["on"] = doc.pop(True)
+    return doc
+
+
+def self_hosted(job: dict[str, Any]) -> bool:
+    runs_on = job.get("runs-on", [])
+    return "self-hosted" in ([runs_on] if isinstance(runs_on, str) else runs_on)
+
+
+def steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [step for job in doc["jobs"].values() for step in job.get("steps", [])]
+
+
+def test_there_are_workflows_to_check() -> None:
+    assert {p.name for p in WORKFLOWS} >= {"ci.yml", "gpu.yml", "baselines-update.yml"}
+
+
+def test_workflows_match_githubs_schema() -> None:
+    done = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+                           *map(str, WORKFLOWS)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok -- validation done" in done.stdout
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_gpu_jobs_never_run_for_a_forks_pull_request(path: Path) -> None:
+    doc = load(path)
+    triggers = doc["on"] if isinstance(doc["on"], dict) else {name: None for name in doc["on"]}
+    gpu_jobs = {name: job for name, job in doc["jobs"].items() if self_hosted(job)}
+    if gpu_jobs:
+        assert "pull_request_target" not in triggers, "pull_request_target runs a fork's code with this repo's secrets"
+    for name, job in gpu_jobs.items():
+        condition = " ".join(str(job.get("if", "")).split())
+        assert FORK_GUARD in condition, f"{path.name}: job {name} runs on a GPU box without the fork guard"
+        assert condition.startswith("github.event_name != 'pull_request' ||"), condition
+
+
+def test_the_gpu_workflow_runs_for_own_pull_requests_and_nightly() -> None:
+    triggers = load(next(p for p in WORKFLOWS if p.name == "gpu.yml"))["on"]
+    assert {"pull_request", "schedule", "workflow_dispatch"} <= set(triggers)
+
+
+def test_baseline_update_opens_a_pull_request_with_the_diff_and_provenance() -> None:
+    doc = load(next(p for p in WORKFLOWS if p.name == "baselines-update.yml"))
+    runs = [str(step.get("run", "")) for step in steps(doc)]
+    [create] = [r for r in runs if "gh pr create" in r]
+    body = create.split("--body-file", 1)[1].split()[0]
+    [writer] = [r for r in runs if f"> {body}" in r]
+    diff_file = writer.split("moeperf baselines diff >", 1)[1].split()[0]
+    assert f"cat {diff_file}" in writer, "the diff is the body's table"
+    for provenance in ("$GITHUB_SHA", "$RUNNER_NAME", "moeperf topology", "date -u", "$PYTEST_ARGS"):
+        assert provenance in writer, provenance
+    assert "${{" not in create + writer, "inputs reach the shell through env, never pasted into a script"
+    assert doc["permissions"] == {"contents": "write", "pull-requests": "write"}
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "gpu.yml", "baselines-update.yml"])
+def test_reports_and_history_are_uploaded(name: str) -> None:
+    doc = load(next(p for p in WORKFLOWS if p.name == name))
+    uploads = [s for s in steps(doc) if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
+    assert uploads and all(s.get("if") == "always()" for s in uploads), "reports are kept when the run fails too"
+    paths = "\n".join(str(s["with"]["path"]) for s in uploads)
+    assert "moeperf-report.html" in paths and "moeperf-report.json" in paths
+    assert "history.sqlite" in paths
+    suites = [str(s.get("run", "")) for s in steps(doc) if "tox -e suites -- " in str(s.get("run", ""))]
+    for command in suites:
+        assert "--moeperf-history" in command and "--moeperf-html .tox/moeperf-report.html" in command, command
