@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_moeperf import baselines, probe, report, topology
+from pytest_moeperf.history import cli as history_cli
 
 
 def _topology(args: argparse.Namespace) -> int:
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--old", metavar="DIR", help="compare against another baselines directory instead of git")
     diff.set_defaults(func=_diff)
     sub.add_parser("budget", help="decode-step time budget from measured GEMMs and all-reduces", add_help=False)
+    history_cli.add_subcommands(sub)
     sub.add_parser("attribute", help="per-component decode-step time from a vLLM profiler trace", add_help=False)
     return parser
 

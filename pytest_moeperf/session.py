@@ -91,6 +91,8 @@ class MoePerfSession:
         self.errors: list[str] = []
         self.sections: list[Section] = []
         self.update_failed = False
+        self.notes: list[str] = []
+        self.started = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
 
     # ------------------------------------------------------------------------------------------ judging
     def judge(self, item: pytest.Item | None, rounds: list[Measurement], threshold: Threshold | None = None,
@@ -286,18 +288,36 @@ class MoePerfSession:
             else:
                 self._update_baselines()
         header = self.header()
-        if self.settings.report is not None:
-            contexts = {m.key: dict(m.context) for m in self.measurements}
-            samples = {m.key: list(m.samples) for m in self.measurements}
-            doc = report.benchmark_json(self.verdicts, contexts, samples, self.machine_info(),
-                                        git_commit_info(Path(self.config.rootpath)), self.sections)
-            doc["moeperf"].update(results=self.results, fingerprint_mismatch=self.foreign,
-                                  missing=[v.to_json() for v in self.verdicts if v.status is Status.MISSING])
-            self._write(self.settings.report, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        from pytest_moeperf.history import plugin as history
+        from pytest_moeperf.history.store import redact
+
+        history_target = history.resolve_target(self.settings.history, self.settings.baselines_dir)
+        if self.settings.report is not None or history_target is not None or self.settings.html is not None:
+            doc = self.report_document()
+            if self.settings.report is not None:
+                self._write(self.settings.report, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+            if (history_target is not None and self.measurements and not self.topology.simulated
+                    and self.settings.round_of is None):  # a rounds child: the parent records the merged run
+                if history.record_report(doc, history_target, started=self.started) is not None:
+                    self.notes.append(f"history: this run appended to {redact(history_target)}")
+            if self.settings.html is not None:
+                history.write_html(self.settings.html, doc, history_target)
+                self.written.append(self.settings.html)
         if self.settings.markdown is not None:
             self._write(self.settings.markdown, "\n".join(report.markdown_lines(self.verdicts, self.sections, header,
                                                                                 self.foreign)) + "\n", append=True)
         return self.update_failed or bool(self.settings.strict and self.undecided())
+
+    def report_document(self) -> dict[str, Any]:
+        """This session's report in the pytest-benchmark schema (the one document the JSON report, the history
+        and the HTML report are made from)."""
+        contexts = {m.key: dict(m.context) for m in self.measurements}
+        samples = {m.key: list(m.samples) for m in self.measurements}
+        doc = report.benchmark_json(self.verdicts, contexts, samples, self.machine_info(),
+                                    git_commit_info(Path(self.config.rootpath)), self.sections)
+        doc["moeperf"].update(results=self.results, fingerprint_mismatch=self.foreign,
+                              missing=[v.to_json() for v in self.verdicts if v.status is Status.MISSING])
+        return doc
 
     def undecided(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
@@ -345,6 +365,7 @@ class MoePerfSession:
             out.append((f"baselines updated: {len(updated)} metric(s)" if self.written or not self.errors
                         else "baselines not updated", False))
         out += [(f"wrote {path}", False) for path in self.written]
+        out += [(note, False) for note in self.notes]
         out += [(f"moeperf: {error}", True) for error in self.errors]
         improved = sum(1 for v in self.verdicts if v.status is Status.IMPROVED)
         if improved and not self.settings.update:

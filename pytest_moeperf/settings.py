@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf.history.plugin import parse_history_option
+
 
 def parse_fraction(text: str) -> float:
     """A relative tolerance: a fraction in [0, 10), e.g. ``0.1`` for 10 %."""
@@ -133,6 +135,11 @@ OPTIONS: tuple[Option, ...] = (
            "--moeperf-update) with all of them", "N", parse_positive, 1),
     Option("confirm", "confirm", "re-run a test whose metric crosses its threshold up to R times before judging "
            "it on all its rounds", "R", parse_count, 2),
+    Option("history", "history", "append this session's metrics, verdicts and provenance to a history database: a "
+           "SQLite PATH, a postgresql:// URL, or off; unset: .moeperf/history.sqlite beside the baselines directory",
+           "URL|PATH|off", parse_history_option, None),
+    Option("html", "html", "write a self-contained HTML report (topology, change chart, sortable verdict table, "
+           "trends of flagged metrics) to PATH", "PATH", Path, None),
 )
 
 #: Set by a ``--moeperf-rounds`` parent in each child's environment: the round ("i/N"); the child writes no
@@ -160,6 +167,8 @@ class Settings:
     noise_k: float
     rounds: int
     confirm: int
+    history: str | Path | None = None
+    html: Path | None = None
     round_of: str | None = None  # "i/N" in a --moeperf-rounds child
 
 
