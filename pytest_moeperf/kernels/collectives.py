@@ -1,6 +1,6 @@
 """All-reduce backends measured on N ranks: message sizes, correctness check, timing, nccl-tests bandwidths.
 
-:func:`measure_allreduce` runs inside every rank of a :class:`~pytest_moeperf.kernels.ranks.RankGroup` (the ``ranks``
+:func:`measure_allreduce` runs inside every rank of a :class:`~pytest_moeperf.kernels.rank_controller.RankGroup` (the ``ranks``
 fixture). It builds one backend, checks that the sum is right on random data, then times it:
 
 * ``graph`` (GPU): a CUDA graph of back-to-back all-reduces replayed with events around each replay
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pytest_moeperf import stats
 from pytest_moeperf.kernels import timing
 from pytest_moeperf.kernels.models import allreduces_per_step, get_model
-from pytest_moeperf.kernels.ranks import Backend, Rank
+from pytest_moeperf.kernels.rank_worker import Backend, Rank
 from pytest_moeperf.records import Measurement, Section
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from pytest_moeperf.kernels.collectives import (
     busbw_sections,
     slowest_rank,
 )
-from pytest_moeperf.kernels.ranks import _in_torch_distributed, _main_thread_stack
+from pytest_moeperf.kernels.rank_controller import _in_torch_distributed, _main_thread_stack
 from pytest_moeperf.records import Measurement
 
 
