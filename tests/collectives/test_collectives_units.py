@@ -10,9 +10,9 @@ from pytest_moeperf.kernels.collectives import (
     algbw_gbps,
     bus_factor,
     busbw_gbps,
+    busbw_sections,
     decode_messages,
     power_of_two_sizes,
-    busbw_sections,
     slowest_rank,
 )
 from pytest_moeperf.kernels.rank_controller import _in_torch_distributed, _main_thread_stack
