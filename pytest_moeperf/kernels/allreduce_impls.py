@@ -36,6 +36,7 @@ class Impl:
     source: torch.Tensor
     run: Callable[[], torch.Tensor]
     info: dict[str, str] = field(default_factory=dict)
+    after_capture: Callable[[], object] | None = None  # between CUDA-graph capture and the first replay
 
 
 _CACHE: dict[str, Any] = {}  # per rank process: objects that must be created once (groups, IPC buffers)
@@ -169,4 +170,6 @@ def _build_vllm(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dtype)
 
     import vllm
 
-    return Impl(source, run_vllm, {"vllm": str(vllm.__version__)})
+    # Captured calls point at buffers vLLM IPC-registers only after capture (its ``capture()`` context does it on
+    # exit): replaying before that reads unmapped memory (seen on 2x H200: an illegal memory access).
+    return Impl(source, run_vllm, {"vllm": str(vllm.__version__)}, after_capture=comm.register_graph_buffers)

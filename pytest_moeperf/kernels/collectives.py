@@ -258,7 +258,8 @@ def _time_gpu(rank: Rank, task: AllReduceTask, impl: Impl, mode: Mode) -> list[f
     torch.cuda.synchronize()
     dist.barrier()
     if mode == "graph":
-        return timing.time_cuda_graph(impl.run, calls_per_graph=calls, replays=replays, warmup=3)
+        return timing.time_cuda_graph(impl.run, calls_per_graph=calls, replays=replays, warmup=3,
+                                      after_capture=impl.after_capture)
     return timing.time_eager_cuda(impl.run, iters=eager, warmup=10)
 
 

@@ -34,7 +34,7 @@ from pytest_moeperf.kernels.models import get_model
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["build_fused_moe", "build_marlin", "call_by_name", "gptq_pack"]
+__all__ = ["build_fused_moe", "build_marlin", "call_by_name", "find_fused_marlin_moe", "gptq_pack"]
 
 _VLLM_ERRORS = (ImportError, KeyError, TypeError, AttributeError, ValueError, RuntimeError, AssertionError)
 
@@ -51,6 +51,30 @@ def call_by_name(fn: Callable[..., Any], values: Mapping[str, Any]) -> Any:
         elif param.default is inspect.Parameter.empty:
             kwargs[name] = None
     return fn(**kwargs)
+
+
+def find_fused_marlin_moe() -> Callable[..., Any]:
+    """vLLM's ``fused_marlin_moe``: where releases have kept it (``fused_moe.fused_marlin_moe``, or exported by
+    the ``fused_moe`` package), else the first module of ``fused_moe`` whose name contains "marlin" and that
+    defines it. ``ImportError`` naming the places searched."""
+    import importlib
+    import pkgutil
+
+    pkg = importlib.import_module("vllm.model_executor.layers.fused_moe")
+    found = getattr(pkg, "fused_marlin_moe", None)
+    names = [f"{pkg.__name__}.fused_marlin_moe"]
+    names += [i.name for i in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")
+              if "marlin" in i.name.rsplit(".", 1)[-1] and i.name not in names]
+    for name in names:
+        if callable(found):
+            return found  # type: ignore[no-any-return]
+        try:
+            found = getattr(importlib.import_module(name), "fused_marlin_moe", None)
+        except Exception:  # noqa: BLE001 - a module that does not import is one place it is not
+            found = None
+    if callable(found):
+        return found  # type: ignore[no-any-return]
+    raise ImportError(f"no fused_marlin_moe in {pkg.__name__} or its modules {', '.join(names)}")
 
 
 def gptq_pack(q: torch.Tensor) -> torch.Tensor:
@@ -146,10 +170,7 @@ def build_fused_moe(problem: Problem, *, device: str, copies: int = 1, seed: int
     spec = get_model(problem.model)
     n_exp, k, n, m = spec.n_routed_experts, problem.k, problem.n, problem.m
     try:
-        from vllm.model_executor.layers.fused_moe.fused_marlin_moe import (  # type: ignore[import-not-found, unused-ignore]
-            fused_marlin_moe,
-        )
-
+        fused_marlin_moe = find_fused_marlin_moe()
         v = _Vllm(torch.device(device))
         gen = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
@@ -161,17 +182,20 @@ def build_fused_moe(problem: Problem, *, device: str, copies: int = 1, seed: int
         w2s: list[torch.Tensor] = []
         deq: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         touched = set(ids.flatten().tolist())
+        template: tuple[torch.Tensor, ...] | None = None
         for e in range(n_exp):  # gate_up [2N, K] (gate rows first, as silu_and_mul reads them), down [K, N]
-            w13 = (torch.randn(2 * n, k, generator=gen, device=device) / math.sqrt(k)).to(torch.bfloat16)
-            w2 = (torch.randn(k, n, generator=gen, device=device) / math.sqrt(n)).to(torch.bfloat16)
-            q13, s13, d13 = quantize_int4(w13)
-            q2, s2, d2 = quantize_int4(w2)
-            if e in touched:
+            if e not in touched and template is not None:
+                parts = template  # never read by this routing: its own memory, a built expert's values
+            else:
+                w13 = (torch.randn(2 * n, k, generator=gen, device=device) / math.sqrt(k)).to(torch.bfloat16)
+                w2 = (torch.randn(k, n, generator=gen, device=device) / math.sqrt(n)).to(torch.bfloat16)
+                q13, s13, d13 = quantize_int4(w13)
+                q2, s2, d2 = quantize_int4(w2)
                 deq[e] = (d13, d2)
-            for qs, ss, q, s in ((w1q, w1s, q13, s13), (w2q, w2s, q2, s2)):
-                packed, scales = v.repack(q.t().contiguous(), s)
-                qs.append(packed)
-                ss.append(scales)
+                parts = (*v.repack(q13.t().contiguous(), s13), *v.repack(q2.t().contiguous(), s2))
+                template = template or parts
+            for dest, part in zip((w1q, w1s, w2q, w2s), parts, strict=True):
+                dest.append(part)
         base = [torch.stack(t) for t in (w1q, w1s, w2q, w2s)]
         sets = [base] + [[t.clone() for t in base] for _ in range(copies - 1)]
 
@@ -197,7 +221,7 @@ def build_fused_moe(problem: Problem, *, device: str, copies: int = 1, seed: int
                     out[t] += topk_weights[t, j] * (act @ d2.float().t())
             return out
 
-        per_expert = sum(t[0].numel() * t[0].element_size() for t in base)
+        per_expert = sum(t[0].numel() * t[0].element_size() for t in base)  # packed weights + scales
         built = Built("marlin_moe", problem, calls, reference, calls[0], per_expert * len(touched))
         built.output()  # an API mismatch shows here, before any timing
     except _VLLM_ERRORS as exc:
