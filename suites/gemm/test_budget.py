@@ -1,13 +1,14 @@
 """Guard of the decode-step budget: Kimi-K2.5 at TP=8, batch 1.
 
 The GEMMs of one decode step are measured here, now, on this machine (each op at M=1, the deployed kind of
-kernel where available: INT4 W4A16 for the routed experts, Marlin first, bf16 for the rest); the all-reduce
-latency at the decode message size comes from this fingerprint's all-reduce baselines (written by
-``suites/allreduce``, read through the baseline store: the ``allreduce_baselines`` fixture, which skips when
-there are none). The budget (:mod:`pytest_moeperf.kernels.budget`) gives two gated terms, the GEMM and the
-all-reduce µs per step (:func:`~pytest_moeperf.kernels.budget.guard_metrics`), each judged lower-is-better on its
-own. The all-reduce share ("AllReduce is 51.5 % of decode time") is derived from both and attached as context,
-not gated: gated, a GEMM speed-up would raise it and read as a regression.
+kernel where available: INT4 W4A16 for the routed experts, vLLM's fused Marlin MoE when it runs, else per op
+(Marlin first), bf16 for the rest); the all-reduce latency at the decode message size comes from this
+fingerprint's all-reduce baselines (written by ``suites/allreduce``, read through the baseline store: the
+``allreduce_baselines`` fixture, which skips when there are none). The budget
+(:mod:`pytest_moeperf.kernels.budget`) gives two gated terms, the GEMM and the all-reduce µs per step
+(:func:`~pytest_moeperf.kernels.budget.guard_metrics`), each judged lower-is-better on its own. The all-reduce
+share ("AllReduce is 51.5 % of decode time") is derived from both and attached as context, not gated: gated, a
+GEMM speed-up would raise it and read as a regression.
 """
 
 from __future__ import annotations
@@ -56,15 +57,22 @@ def test_decode_budget(perf: Perf, allreduce_baselines: list[AllReducePoint], to
                        gemm_device: str, device_spec: DeviceSpec) -> None:
     points = _consistent_points(allreduce_baselines, gemm_device, topology)
     spec = get_model(MODEL)
-    pieces = []
+    # The routed experts as vLLM runs them where it can (fused Marlin MoE, one call), else per op.
+    fused = gemm.problem_for(spec, TP, gemm.FUSED_MOE_OP, BATCH)
+    fused_ok = gemm.unavailable("marlin_moe", fused, gemm_device) is None
+    cases = [(fused, ("marlin_moe",))] if fused_ok else []
     for shape in rank_gemms(spec, TP):
-        problem = gemm.problem_for(spec, TP, shape.op, BATCH)
+        if shape.component == "routed_experts" and fused_ok:
+            continue
         impls = ROUTED_PREFERENCE if shape.component == "routed_experts" else ("bf16",)
+        cases.append((gemm.problem_for(spec, TP, shape.op, BATCH), impls))
+    pieces = []
+    for problem, impls in cases:
         impl = next((i for i in impls if gemm.unavailable(i, problem, gemm_device) is None), None)
-        assert impl is not None, f"no implementation runs {shape.op} on {gemm_device}"
+        assert impl is not None, f"no implementation runs {problem.op} on {gemm_device}"
         timed = gemm_measure.measure(impl, problem, device=gemm_device,
                                      cache_bytes=device_spec.cache_bytes or 0, quick=True)
-        pieces.append(Piece(MODEL, TP, shape.op, BATCH, impl, sorted(timed.samples)[len(timed.samples) // 2]))
+        pieces.append(Piece(MODEL, TP, problem.op, BATCH, impl, sorted(timed.samples)[len(timed.samples) // 2]))
 
     budget = build_budget(spec, TP, BATCH, pieces, points)
     print("\n".join(budget_lines(budget)))
@@ -75,9 +83,9 @@ def test_decode_budget(perf: Perf, allreduce_baselines: list[AllReducePoint], to
     ar_row = next(r for r in budget.rows if r.component == "all-reduce")
     metrics = guard_metrics(budget)
     derived = {g.name: round(g.value, 3) for g in metrics if not g.gated}
+    routed = next(p.impl for p in pieces if p.op in ("gate_up", gemm.FUSED_MOE_OP))
     perf.context(model=MODEL, tp=TP, batch=BATCH, device=device_spec.name, allreduce_source=ar_row.source,
-                 allreduce_us=ar_row.each_us, routed_impl=next(p.impl for p in pieces if p.op == "gate_up"),
-                 **derived)
+                 allreduce_us=ar_row.each_us, routed_impl=routed, **derived)
     tol = CPU_TOLERANCE if gemm_device == "cpu" else None
     for g in metrics:
         if g.gated:
