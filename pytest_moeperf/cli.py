@@ -82,9 +82,9 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _budget(argv: list[str]) -> int:
-    from pytest_moeperf.kernels import budget
+    from pytest_moeperf.kernels.budget.cli import main_budget
 
-    return int(budget.main_budget(argv))
+    return main_budget(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,8 +25,7 @@ session_key = pytest.StashKey[MoePerfSession]()
 
 #: Modules whose fixtures and hooks belong to the plugin (registered when importable).
 PLUGIN_MODULES = (
-    "pytest_moeperf.kernels.collectives",
-    "pytest_moeperf.kernels.budget",
+    "pytest_moeperf.kernels.plugin",
     "pytest_moeperf.serving.plugin",
     "pytest_moeperf.attribution.plugin",
 )

@@ -165,3 +165,17 @@ def base_machine_info() -> dict[str, Any]:
         "python_implementation_version": platform.python_version(), "python_version": platform.python_version(),
         "python_build": list(platform.python_build()), "release": uname.release, "system": uname.system,
     }
+
+
+
+def benchmark_metrics(document: Any) -> list[tuple[str, str, str, dict[str, Any], float]]:
+    """The metrics of a parsed report written by :func:`benchmark_json`: ``(key, metric, unit, context, median)``
+    each (the one reader of the format whose writer is above). ``ValueError`` when it is not one."""
+    if not isinstance(document, dict) or not isinstance(document.get("benchmarks"), list):
+        raise ValueError("not a moeperf JSON report (no 'benchmarks' list)")
+    out = []
+    for b in document["benchmarks"]:
+        info = b.get("extra_info", {})
+        out.append((str(b.get("fullname", "")), str(info.get("metric", "")), str(info.get("unit", "")),
+                    dict(b.get("params") or {}), float(b["stats"]["median"])))
+    return out

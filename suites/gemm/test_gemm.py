@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_moeperf.kernels import gemm
+from pytest_moeperf.kernels import gemm, gemm_measure
 from pytest_moeperf.kernels.devices import DeviceSpec, roofline_pct
 from pytest_moeperf.kernels.models import get_model, rank_gemms
 from pytest_moeperf.perf import Perf
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.gemm
 
 DEVICE = gemm.default_device()
 TP = 8
-ROUTED_IMPLS = ("bf16", "grouped", "int4", "marlin", "marlin_moe")
+ROUTED_IMPLS = ("bf16", "grouped", "int4", "marlin")
+#: The routed-expert block as one call (gate_up + SiLU-and-mul + down + top-k sum): vLLM's fused Marlin MoE.
+FUSED_IMPLS = ("marlin_moe",)
 PREFILL_CHUNK = 2048
 
 # GPU: decode batches and one prefill chunk; both models.
@@ -35,7 +37,8 @@ GPU_QUICK_MS = (1, 64, 256)
 GPU_MODELS = ("kimi-k2.5", "deepseek-v3")
 # CPU: Kimi's per-rank shapes at small M. Every op at M=1 (what the batch-1 budget needs); the expert GEMMs at
 # larger M (routed experts only up to 8: at M=32 a batch touches ~188 experts, ~1.4 GB of bf16 weights a call).
-CPU_OP_MS = {"shared_gate_up": (1, 8, 32), "shared_down": (1, 8, 32), "gate_up": (1, 8), "down": (1, 8)}
+CPU_OP_MS = {"shared_gate_up": (1, 8, 32), "shared_down": (1, 8, 32), "gate_up": (1, 8), "down": (1, 8),
+             gemm.FUSED_MOE_OP: (1,)}
 CPU_QUICK_MS = (1,)
 
 #: Relative tolerance of CPU metrics. CPU samples are thread CPU time (see gemm.CPU_CLOCK); on the shared 2-core
@@ -54,12 +57,12 @@ def _cases() -> list[object]:
     params: list[object] = []
     models = GPU_MODELS if DEVICE == "cuda" else ("kimi-k2.5",)
     for model in models:
-        for shape in rank_gemms(get_model(model), TP):
-            impls = ROUTED_IMPLS if shape.op in gemm.ROUTED_OPS else ("bf16",)
-            ms = GPU_MS if DEVICE == "cuda" else CPU_OP_MS.get(shape.op, (1,))
+        ops = [(s.op, ROUTED_IMPLS if s.op in gemm.ROUTED_OPS else ("bf16",)) for s in rank_gemms(get_model(model), TP)]
+        for op, impls in (*ops, (gemm.FUSED_MOE_OP, FUSED_IMPLS)):
+            ms = GPU_MS if DEVICE == "cuda" else CPU_OP_MS.get(op, (1,))
             for m in ms:
                 for impl in impls:
-                    params.append(pytest.param(model, shape.op, m, impl, id=f"{model}-{shape.op}-m{m}-{impl}"))
+                    params.append(pytest.param(model, op, m, impl, id=f"{model}-{op}-m{m}-{impl}"))
     return params
 
 
@@ -82,15 +85,15 @@ def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_s
         pytest.skip(reason)
 
     try:
-        timed = gemm.measure(impl, problem, device=gemm_device, cache_bytes=device_spec.cache_bytes or 0,
+        timed = gemm_measure.measure(impl, problem, device=gemm_device, cache_bytes=device_spec.cache_bytes or 0,
                              quick=moeperf_settings.quick)
     except gemm.Unavailable as exc:
         pytest.skip(str(exc))
-    dtype = "int4-w4a16-g32" if impl in ("int4", "marlin", "marlin_moe") else "bf16"
+    dtype = "int4-w4a16-g32" if impl in gemm.INT4_IMPLS else "bf16"
     perf.context(
         model=model, tp=TP, op=op, m=m, impl=impl, dtype=dtype, k=problem.k, n=problem.n,
         experts=len(problem.groups), rows=problem.rows, copies=timed.copies, device=device_spec.name,
-        threads=timed.threads, clock=gemm.CPU_CLOCK_NAME if gemm_device == "cpu" else "cuda_graph_events",
+        threads=timed.threads, clock=gemm_measure.CPU_CLOCK_NAME if gemm_device == "cpu" else "cuda_graph_events",
         rel_err=float(f"{timed.rel_err:.3g}"),
     )
     if gemm_device == "cpu":

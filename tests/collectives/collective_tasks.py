@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from pytest_moeperf.kernels.ranks import Rank
+from pytest_moeperf.kernels.rank_worker import Rank
 
 
 def sum_of_ranks(rank: Rank, offset: float) -> list[float]:

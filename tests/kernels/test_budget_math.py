@@ -7,19 +7,27 @@ from pathlib import Path
 
 import pytest
 
+from pytest_moeperf.baselines import BaselineStore
 from pytest_moeperf.kernels.budget import (
     AllReducePoint,
     Piece,
     allreduce_latency,
+    allreduce_points_from_store,
     budget_lines,
     build_budget,
-    main_budget,
-    pieces_from_baselines,
-    pieces_from_report,
+    guard_metrics,
+    inputs_from_baselines,
+    inputs_from_measurements,
+    inputs_from_report,
     select_points,
 )
+from pytest_moeperf.kernels.budget.cli import main_budget
 from pytest_moeperf.kernels.devices import lookup
 from pytest_moeperf.kernels.models import KIMI_K2_5, rank_gemms
+from pytest_moeperf.records import Measurement
+from pytest_moeperf.stats import summarize
+from pytest_moeperf.thresholds import Threshold
+from pytest_moeperf.verdict import Status, judge
 
 
 def uniform_pieces(us: float, impl_routed: str = "int4") -> list[Piece]:
@@ -75,27 +83,25 @@ def test_select_points_prefers_tp_nccl_graph() -> None:
     assert fallback[0].time_us == 9.0 and "2 ranks measured, TP=8" in fallback[0].source
 
 
-def _allreduce_entry(latency: float) -> dict[str, object]:
-    return {"test": "suites/allreduce/test_allreduce.py::test_allreduce[nccl-decode-b1-14KiB]",
-            "name": "latency_graph", "unit": "us", "better": "lower",
-            "summary": {"median": latency}, "context": {"op": "allreduce", "backend": "nccl", "bytes": 14336,
-                                                         "world": 8, "mode": "graph"}}
+def _ar_measurement(latency: float, **context: object) -> Measurement:
+    ctx = {"op": "allreduce", "backend": "nccl", "bytes": 14336, "world": 8, "mode": "graph", **context}
+    return Measurement("suites/allreduce/test_allreduce.py::test_allreduce[nccl-decode-b1-14KiB]",
+                       "latency_graph", (latency,), "us", "lower", context=ctx)  # type: ignore[arg-type]
+
+
+def _gemm_measurements(pieces: list[Piece]) -> list[Measurement]:
+    return [Measurement(f"suites/gemm/test_gemm.py::test_gemm[{p.op}-{p.impl}]", "time", (p.time_us,), "us",
+                        "lower", context={"model": p.model, "tp": p.tp, "op": p.op, "m": p.m, "impl": p.impl})
+            for p in pieces]
 
 
 def test_loaders_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     slug = "cpu-x86_64-2c"
-    gemm_metrics = {
-        f"suites/gemm/test_gemm.py::test_gemm[{p.op}]::time": {
-            "test": f"suites/gemm/test_gemm.py::test_gemm[{p.op}]", "name": "time", "unit": "us", "better": "lower",
-            "summary": {"median": p.time_us}, "context": {"model": p.model, "tp": 8, "op": p.op, "m": 1,
-                                                          "impl": p.impl}}
-        for p in uniform_pieces(2.0)
-    }
-    (tmp_path / slug).mkdir()
-    (tmp_path / slug / "test_gemm.json").write_text(json.dumps({"metrics": gemm_metrics}))
-    (tmp_path / slug / "test_allreduce.json").write_text(json.dumps({"metrics": {"k": _allreduce_entry(30.0)}}))
-    pieces, points = pieces_from_baselines(tmp_path, slug)
+    store = BaselineStore(tmp_path, slug)  # written by the store itself: the format has one writer, one reader
+    store.update([*_gemm_measurements(uniform_pieces(2.0)), _ar_measurement(30.0)], {"slug": slug}, {})
+    pieces, points = inputs_from_baselines(tmp_path, slug)
     assert len(pieces) == 12 and [p.time_us for p in points] == [30.0]
+    assert [p.time_us for p in allreduce_points_from_store(BaselineStore(tmp_path, slug))] == [30.0]
 
     assert main_budget(["--baselines", str(tmp_path), "--fingerprint", slug]) == 0
     out = capsys.readouterr().out
@@ -107,13 +113,71 @@ def test_loaders_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main_budget(["--baselines", str(tmp_path), "--fingerprint", "nope"]) == 2
 
 
+def test_baselines_are_read_through_the_store_schema_check(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # A file without the schema the store reads was silently accepted by the budget's own reader before.
+    (tmp_path / "s").mkdir()
+    entry = {"test": "t", "name": "latency_graph", "unit": "us", "better": "lower", "summary": {"median": 30.0},
+             "context": {"op": "allreduce", "backend": "nccl", "bytes": 14336, "world": 8, "mode": "graph"}}
+    (tmp_path / "s" / "test_allreduce.json").write_text(json.dumps({"metrics": {"k": entry}}))
+    assert main_budget(["--baselines", str(tmp_path), "--fingerprint", "s"]) == 2
+    assert "schema" in capsys.readouterr().err
+
+
+def test_inputs_are_declared_context_keys_not_synonyms() -> None:
+    # Before: "message_bytes", "ranks" and a test id containing "allreduce" were guessed into all-reduce points.
+    guessed = Measurement("suites/x/test_allreduce_like.py::test_x", "latency", (5.0,), "us", "lower",
+                          context={"message_bytes": 14336, "ranks": 8})
+    assert inputs_from_measurements([guessed]) == ([], [])
+    no_mode = _ar_measurement(5.0, mode=None)
+    assert inputs_from_measurements([no_mode]) == ([], [])
+    eager_named_graph = _ar_measurement(5.0, mode="eager")  # metric latency_graph with mode eager: inconsistent
+    assert inputs_from_measurements([eager_named_graph])[1] == []
+    assert [p.mode for p in inputs_from_measurements([_ar_measurement(5.0)])[1]] == ["graph"]
+    gemm_without_impl = Measurement("suites/gemm/test_gemm.py::t", "time", (1.0,), "us", "lower",
+                                    context={"model": "kimi-k2.5", "tp": 8, "op": "o_proj", "m": 1})
+    assert inputs_from_measurements([gemm_without_impl]) == ([], [])
+
+
+def test_fused_moe_piece_replaces_gate_up_and_down() -> None:
+    pieces = uniform_pieces(1.0) + [Piece("kimi-k2.5", 8, "routed_moe", 1, "marlin_moe", 5.0)]
+    budget = build_budget(KIMI_K2_5, 8, 1, pieces, 10.0)
+    routed = [r for r in budget.rows if r.component == "routed_experts"]
+    assert len(routed) == 1 and routed[0].op.startswith("routed_moe") and routed[0].each_us == 5.0
+    assert routed[0].count == KIMI_K2_5.moe_layers and "marlin_moe" in routed[0].source
+    per_op = build_budget(KIMI_K2_5, 8, 1, pieces, 10.0, routed_impl="int4")
+    assert [r.op for r in per_op.rows if r.component == "routed_experts"] == ["gate_up", "down"]
+
+
+def _verdicts(baseline: list[Piece], current: list[Piece], ar_us: float) -> dict[str, tuple[Status, bool]]:
+    old = {g.name: g for g in guard_metrics(build_budget(KIMI_K2_5, 8, 1, baseline, ar_us))}
+    out = {}
+    for g in guard_metrics(build_budget(KIMI_K2_5, 8, 1, current, ar_us)):
+        v = judge(g.name, g.name, g.unit, g.better, summarize([g.value] * 5), summarize([old[g.name].value] * 5),
+                  Threshold(0.05))
+        out[g.name] = (v.status, g.gated)
+    return out
+
+
+def test_guard_reads_a_gemm_speedup_as_an_improvement_not_a_regression() -> None:
+    # Defect 2: the guard gated allreduce_share_pct lower-is-better; with only the GEMM term moving, a GEMM
+    # speed-up (e.g. Marlin becoming available) raised the share and failed the test.
+    faster = _verdicts(uniform_pieces(2.0), uniform_pieces(1.0), 10.0)
+    assert faster["gemm_step_us"] == (Status.IMPROVED, True)
+    assert faster["allreduce_step_us"] == (Status.PASS, True)
+    assert faster["allreduce_share_pct"] == (Status.REGRESSED, False)  # what the old gate said: now not gated
+    assert not any(status is Status.REGRESSED for status, gated in faster.values() if gated)
+    slower = _verdicts(uniform_pieces(1.0), uniform_pieces(2.0), 10.0)
+    assert slower["gemm_step_us"] == (Status.REGRESSED, True)  # a GEMM slowdown is a regression, not IMPROVED
+
+
 def test_report_loader(tmp_path: Path) -> None:
     benchmarks = [{"fullname": "suites/gemm/test_gemm.py::test_gemm[x]::time", "params": {
         "model": "kimi-k2.5", "tp": 8, "op": "lm_head", "m": 1, "impl": "bf16"},
         "extra_info": {"metric": "time", "unit": "us"}, "stats": {"median": 7.5}}]
     path = tmp_path / "report.json"
     path.write_text(json.dumps({"benchmarks": benchmarks}))
-    pieces, points = pieces_from_report(path)
+    pieces, points = inputs_from_report(path)
     assert [(p.op, p.time_us) for p in pieces] == [("lm_head", 7.5)] and points == []
 
 
@@ -124,14 +188,11 @@ def test_lines_mention_what_is_not_modelled() -> None:
 
 def test_report_section_needs_gemms_and_allreduces() -> None:
     from pytest_moeperf.kernels.budget import budget_sections_from
-    from pytest_moeperf.records import Measurement
 
     gemms = [Measurement(f"suites/gemm/test_gemm.py::test_gemm[{p.op}]", "time", (1.0, 1.2, 0.8), "us", "lower",
                          context={"model": p.model, "tp": 8, "op": p.op, "m": 1, "impl": p.impl})
              for p in uniform_pieces(1.0)]
-    ar = Measurement("suites/allreduce/test_allreduce.py::test_allreduce[nccl-decode-b1-14KiB]", "latency_graph",
-                     (10.0,), "us", "lower", context={"op": "allreduce", "backend": "nccl", "bytes": 14336,
-                                                      "world": 8})
+    ar = _ar_measurement(10.0)
     assert budget_sections_from(gemms) == []  # type: ignore[arg-type]
     sections = budget_sections_from([*gemms, ar])  # type: ignore[arg-type]
     assert len(sections) == 1 and "TP=8 batch=1" in sections[0].title

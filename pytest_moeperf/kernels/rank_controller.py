@@ -1,21 +1,21 @@
-"""Run a function on N ranks: one process per rank, ``torch.distributed`` between them, a hard timeout.
+"""The controller side of the rank runner: run a function on N ranks, one process per rank, with a hard timeout.
 
-A :class:`RankGroup` is N worker processes (``python -c`` of :func:`_worker_main`), each started in its own
-session, each with an initialised process group (``nccl`` with one GPU per rank, or ``gloo`` on the CPU) over a
-TCP store that the parent hosts on a free loopback port. The parent sends a picklable task (a module-level
-function and its arguments) to every rank through a pipe; each rank calls ``fn(rank, *args)`` and sends back the
-result, or the exception with its traceback. Groups stay alive between tasks (spawning ranks and initialising
-NCCL costs seconds), so :class:`RankPool` keeps one group per (world size, backend).
+A :class:`RankGroup` is N worker processes (``python -c`` of
+:func:`~pytest_moeperf.kernels.rank_worker.worker_main`), each started in its own session, each with an
+initialised process group (``nccl`` with one GPU per rank, or ``gloo`` on the CPU) over a TCP store that the
+parent hosts on a free loopback port. The parent sends a picklable task (a module-level function and its
+arguments) to every rank through a pipe; each rank calls ``fn(rank, *args)`` and sends back the result, or the
+exception with its traceback. Groups stay alive between tasks (spawning ranks and initialising NCCL costs
+seconds), so :class:`RankPool` keeps one group per (world size, backend).
 
 When a rank does not answer within the timeout, dies, or raises, the whole group is torn down
 (SIGUSR1 → Python stacks dumped by ``faulthandler``, then SIGTERM, then SIGKILL to each session) and
 :class:`RankFailure` names the rank(s), what happened and the state of the others; the parent then checks
-``/proc`` that no process of those sessions is left.
+``/proc`` that no process of those sessions is left (:mod:`pytest_moeperf.processes`).
 """
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import pickle
 import re
@@ -24,18 +24,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-if TYPE_CHECKING:
-    import torch
+from pytest_moeperf.kernels.rank_worker import Backend, Rank
+from pytest_moeperf.processes import (
+    KILL_GRACE_S,
+    describe_returncode,
+    leftover_processes,
+    log_tail,
+    start_in_session,
+    terminate_sessions,
+)
 
 __all__ = [
     "DEFAULT_RANK_TIMEOUT_S",
@@ -48,7 +53,6 @@ __all__ = [
     "leftover_processes",
 ]
 
-Backend = Literal["gloo", "nccl"]
 T = TypeVar("T")
 
 DEFAULT_RANK_TIMEOUT_S = 180.0
@@ -61,25 +65,8 @@ MULTICAST_OFF_ENV = {
 #: Starting ranks (importing torch, initialising NCCL) may take longer than a task on a busy machine: a group's
 #: start gets at least this long unless told otherwise.
 MIN_START_TIMEOUT_S = 120.0
-_KILL_GRACE_S = 3.0
 _STACK_DUMP_WAIT_S = 0.5
 _PEER_GRACE_S = 2.0
-_LOG_TAIL_LINES = 25
-
-
-@dataclass(frozen=True)
-class Rank:
-    """What a task learns about the process it runs in (its first argument)."""
-
-    rank: int
-    world_size: int
-    backend: Backend
-
-    @property
-    def device(self) -> torch.device:
-        import torch
-
-        return torch.device("cuda", self.rank) if self.backend == "nccl" else torch.device("cpu")
 
 
 class RankFailure(Exception):
@@ -106,48 +93,6 @@ class _Outcome:
     stack: str = ""  # the main thread's Python stack, dumped before a hung rank was killed
 
 
-# --------------------------------------------------------------------------------------------------------- parent
-
-
-def _live_session_members(sids: set[int]) -> list[tuple[int, str]]:
-    """(pid, command) of every non-zombie process whose session is one of ``sids``."""
-    found: list[tuple[int, str]] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp session ...; comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) < 4 or fields[0] == "Z":
-            continue
-        if int(fields[3]) in sids:
-            found.append((int(entry.name), stat[stat.find("(") + 1: stat.rfind(")")]))
-    return found
-
-
-def leftover_processes(pids: Sequence[int]) -> list[tuple[int, str]]:
-    """Processes still alive (not zombies) in the sessions led by ``pids``: what a teardown left behind."""
-    return _live_session_members(set(pids))
-
-
-def _signal_session(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
 _THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 
 
@@ -168,15 +113,6 @@ def _main_thread_stack(log_text: str, main_ident: int | None) -> str:
             elif line.strip():
                 current = None
     return "\n".join(blocks[-1]) if blocks else ""
-
-
-def _describe_signal(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with code {returncode}"
 
 
 def _in_torch_distributed(stack: str) -> bool:
@@ -244,12 +180,9 @@ class RankGroup:
                 result_r, result_w = os.pipe()
                 env = dict(env_common, RANK=str(rank), LOCAL_RANK=str(rank),
                            MOEPERF_RANK_FDS=f"{task_r},{result_w}")
-                with self.log_path(rank).open("wb") as log:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-c", "from pytest_moeperf.kernels.ranks import _worker_main; _worker_main()"],
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                        pass_fds=(task_r, result_w), start_new_session=True, close_fds=True,
-                    )
+                proc = start_in_session(
+                    [sys.executable, "-c", "from pytest_moeperf.kernels.rank_worker import worker_main; worker_main()"],
+                    log=self.log_path(rank), env=env, pass_fds=(task_r, result_w))
                 os.close(task_r)
                 os.close(result_w)
                 self._procs.append(proc)
@@ -271,33 +204,20 @@ class RankGroup:
                     conn.send(None)
                 except OSError:
                     pass
-            deadline = time.monotonic() + _KILL_GRACE_S * 3
+            deadline = time.monotonic() + KILL_GRACE_S * 3
             for proc in self._procs:
                 try:
                     proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
         self.alive = False
-        self._terminate()
+        terminate_sessions(self._procs)
         for conn in (*self._to_rank, *self._from_rank):
             conn.close()
         self._to_rank, self._from_rank = [], []
         self._store = None
         if not self._keep_logs:
             shutil.rmtree(self._logdir, ignore_errors=True)
-
-    def _terminate(self) -> None:
-        for sig, grace in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, _KILL_GRACE_S)):
-            for proc in self._procs:
-                _signal_session(proc.pid, sig)
-            deadline = time.monotonic() + grace
-            for proc in self._procs:
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            if not leftover_processes(self.pids):
-                return
 
     # ----------------------------------------------------------------------------------------- tasks
 
@@ -356,7 +276,7 @@ class RankGroup:
         except (EOFError, OSError):
             proc = self._procs[rank]
             try:
-                proc.wait(timeout=_KILL_GRACE_S)
+                proc.wait(timeout=KILL_GRACE_S)
             except subprocess.TimeoutExpired:
                 return _Outcome("exited", error="closed its result pipe but is still running")
             return _Outcome("exited", returncode=proc.returncode)
@@ -410,7 +330,7 @@ class RankGroup:
                 lines.append("      Python stack when killed (most recent call first):")
                 lines.extend("        " + line for line in outcome.stack.splitlines())
             if outcome.state == "exited":
-                tail = _tail(self.log_path(rank))
+                tail = log_tail(self.log_path(rank))
                 if tail:
                     lines.append("      last lines of its output:")
                     lines.extend("        " + line for line in tail.splitlines())
@@ -429,7 +349,7 @@ class RankGroup:
         if outcome.state == "raised":
             return "raised an exception"
         if outcome.state == "exited":
-            code = "" if outcome.returncode is None else _describe_signal(outcome.returncode)
+            code = "" if outcome.returncode is None else describe_returncode(outcome.returncode)
             return f"{code} {outcome.error}".strip() or "died"
         if _in_torch_distributed(outcome.stack):
             return f"still running after {elapsed:.1f} s, blocked in torch.distributed (waiting for a peer); killed"
@@ -461,73 +381,3 @@ class RankPool:
         for group in self._groups.values():
             group.close()
         self._groups.clear()
-
-
-# --------------------------------------------------------------------------------------------------------- worker
-
-
-def _worker_main() -> None:
-    """Entry point of a rank process (started by :class:`RankGroup`)."""
-    task_fd, result_fd = (int(x) for x in os.environ["MOEPERF_RANK_FDS"].split(","))
-    tasks = Connection(task_fd, writable=False)
-    results = Connection(result_fd, readable=False)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    rank = Rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                "nccl" if os.environ["MOEPERF_RANK_BACKEND"] == "nccl" else "gloo")
-    try:
-        _init_process_group(rank)
-    except BaseException as exc:  # noqa: BLE001 - the parent reports why this rank could not start
-        results.send(("error", _format_exception(exc)))
-        sys.exit(1)
-    results.send(("ok", threading.main_thread().ident))
-    while True:
-        try:
-            payload = tasks.recv_bytes()
-        except EOFError:
-            break
-        message = pickle.loads(payload)
-        if message is None:
-            break
-        results.send(_run_task(rank, message))
-    _destroy_process_group()
-
-
-def _init_process_group(rank: Rank) -> None:
-    import torch
-    import torch.distributed as dist
-
-    host, port = os.environ["MOEPERF_RANK_STORE"].rsplit(":", 1)
-    timeout = timedelta(seconds=float(os.environ["MOEPERF_RANK_TIMEOUT"]))  # start and collectives
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        host, int(port), rank.world_size + 1, is_master=False, timeout=timeout)
-    if rank.backend == "nccl":
-        torch.cuda.set_device(rank.rank)
-        dist.init_process_group("nccl", store=store, rank=rank.rank, world_size=rank.world_size,
-                                timeout=timeout, device_id=torch.device("cuda", rank.rank))
-    else:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", store=store, rank=rank.rank, world_size=rank.world_size, timeout=timeout)
-    dist.barrier()
-
-
-def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _run_task(rank: Rank, message: tuple[list[str], bytes]) -> tuple[str, Any]:
-    path, task = message
-    sys.path.extend(p for p in path if p not in sys.path)
-    try:
-        fn, args = pickle.loads(task)
-        result = fn(rank, *args)
-        pickle.dumps(result)
-    except BaseException as exc:  # noqa: BLE001 - everything a task raises goes back to the parent
-        return ("error", _format_exception(exc))
-    return ("ok", result)
-
-
-def _format_exception(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc)).rstrip()

@@ -1,0 +1,77 @@
+"""``moeperf budget``: print a decode-step budget from a run's report, stored baselines, or given numbers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_moeperf.baselines import BaselineError
+from pytest_moeperf.kernels.budget.calc import ROUTED_IMPL_CHOICES, ROUTED_PREFERENCE, AllReducePoint, Piece, assemble
+from pytest_moeperf.kernels.budget.inputs import inputs_from_baselines, inputs_from_report
+from pytest_moeperf.kernels.budget.render import budget_lines
+from pytest_moeperf.kernels.devices import DeviceSpec, lookup
+from pytest_moeperf.kernels.models import get_model, model_names
+
+__all__ = ["main_budget"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="moeperf budget",
+        description="Decode-step time budget (GEMMs + all-reduces per rank) from measured numbers.",
+    )
+    p.add_argument("--model", default="kimi-k2.5",
+                   help=f"registered model ({', '.join(model_names())}) or a config.json path (default: kimi-k2.5)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: the topology's GPU "
+                   "count, else 8)")
+    p.add_argument("--batch", type=int, default=1, help="decode batch (tokens per step; default: 1)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--from-report", metavar="PATH", type=Path, help="a run's JSON report (--moeperf-report)")
+    src.add_argument("--baselines", metavar="DIR", type=Path, help="baselines root (with --fingerprint)")
+    p.add_argument("--fingerprint", metavar="SLUG", help="fingerprint slug under --baselines")
+    p.add_argument("--allreduce-us", metavar="US", type=float, help="all-reduce latency per call, overriding "
+                   "measured points")
+    p.add_argument("--topology", metavar="FILE", help="topology file or bundled name: the target GPU. Pieces "
+                   "measured on another GPU are scaled by the datasheet bandwidth ratio, ops with no measurement "
+                   "get a bandwidth floor estimate (both labelled); also the default --tp")
+    p.add_argument("--routed-impl", choices=ROUTED_IMPL_CHOICES, default=None,
+                   help="routed experts' implementation (default: fused Marlin MoE when measured, else the first "
+                   f"measured of {', '.join(ROUTED_PREFERENCE)}); 'floor' = weight bytes / datasheet bandwidth, a "
+                   "stand-in for a deployed INT4 kernel that was not measured")
+    return p
+
+
+def main_budget(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] = print) -> int:
+    """Print the budget table; 0 on success, 2 on bad arguments or unreadable inputs."""
+    parser = _parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.baselines is not None and not args.fingerprint:
+        parser.error("--baselines needs --fingerprint SLUG")
+    try:
+        spec = get_model(args.model)
+        device: DeviceSpec | None = None
+        tp = args.tp
+        if args.topology:
+            from pytest_moeperf.topology import load_topology
+
+            topo = load_topology(args.topology)
+            if topo.gpus:
+                device = lookup(topo.gpus[0].name)
+            tp = tp or topo.gpu_count or None
+        tp = tp or 8
+        pieces: list[Piece] = []
+        points: list[AllReducePoint] = []
+        if args.from_report is not None:
+            pieces, points = inputs_from_report(args.from_report)
+        elif args.baselines is not None:
+            pieces, points = inputs_from_baselines(args.baselines, args.fingerprint)
+        budget = assemble(spec, tp, args.batch, pieces, points, args.allreduce_us, device, args.routed_impl)
+    except (OSError, ValueError, KeyError, BaselineError) as exc:
+        print(f"moeperf budget: {exc}", file=sys.stderr)
+        return 2
+    for line in budget_lines(budget):
+        out(line)
+    return 0
