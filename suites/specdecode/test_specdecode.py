@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.plugin import ServerPool
 from pytest_moeperf.serving.loadgen import ClosedLoop
 from pytest_moeperf.serving.metrics import latency_samples, percentile
+from pytest_moeperf.serving.plugin import ServerPool
 from pytest_moeperf.serving.recording import PerfRecorder, check_failures, record_acceptance
 from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.specdecode import speedup
