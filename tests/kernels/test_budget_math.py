@@ -25,8 +25,7 @@ from pytest_moeperf.kernels.budget.cli import main_budget
 from pytest_moeperf.kernels.devices import lookup
 from pytest_moeperf.kernels.models import KIMI_K2_5, rank_gemms
 from pytest_moeperf.records import Measurement
-from pytest_moeperf.stats import summarize
-from pytest_moeperf.thresholds import Threshold
+from pytest_moeperf.thresholds import Reference, Threshold
 from pytest_moeperf.verdict import Status, judge
 
 
@@ -153,7 +152,7 @@ def _verdicts(baseline: list[Piece], current: list[Piece], ar_us: float) -> dict
     old = {g.name: g for g in guard_metrics(build_budget(KIMI_K2_5, 8, 1, baseline, ar_us))}
     out = {}
     for g in guard_metrics(build_budget(KIMI_K2_5, 8, 1, current, ar_us)):
-        v = judge(g.name, g.name, g.unit, g.better, summarize([g.value] * 5), summarize([old[g.name].value] * 5),
+        v = judge(g.name, g.name, g.unit, g.better, [[g.value] * 5], Reference((old[g.name].value,)),
                   Threshold(0.05))
         out[g.name] = (v.status, g.gated)
     return out
