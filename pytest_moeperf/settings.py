@@ -42,6 +42,28 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def parse_cores(text: str) -> float:
+    """A number of CPU cores, e.g. ``0.5``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of cores such as 0.5, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a number of cores must be >= 0, got {value}")
+    return value
+
+
+def parse_percent(text: str) -> float:
+    """A percentage in [0, 100]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 10, got {text!r}") from None
+    if not 0.0 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"a percentage is in [0, 100], got {value}")
+    return value
+
+
 def parse_url(text: str) -> str:
     if not text.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(f"expected an http(s) URL such as http://127.0.0.1:8000, got {text!r}")
@@ -91,6 +113,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("deadline", "deadline_s", "wall-clock seconds from the session's start after which the remaining perf "
            "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines",
            "SECONDS", parse_seconds, None),
+    Option("health", "health", "judge each measurement window's health (foreign CPU load, steal, GPU throttling "
+           "and other GPU processes); a window that fails is INCONCLUSIVE", "on|off", parse_bool, True),
+    Option("health-foreign-cores", "health_foreign_cores", "the health gate trips when processes outside the "
+           "test's process tree keep more than CORES cores busy during the window", "CORES", parse_cores, 0.5),
+    Option("health-steal", "health_steal_pct", "the health gate trips when the hypervisor steals more than PCT % "
+           "of the window's CPU time", "PCT", parse_percent, 10.0),
+    Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "
+           "measuring on them", None, parse_bool, False),
 )
 
 
@@ -109,6 +139,10 @@ class Settings:
     rank_timeout_s: float
     quick: bool
     deadline_s: float | None
+    health: bool
+    health_foreign_cores: float
+    health_steal_pct: float
+    share_gpus: bool
 
 
 def add_options(parser: pytest.Parser) -> None:
