@@ -64,20 +64,26 @@ def foreign_cpu(start: HostSample, end: HostSample) -> dict[ProcessId, float]:
             used[ident] = max(0.0, seconds - before)
         elif ident[1] >= start.wall - 1.0:  # born during the window; one unreadable at start is skipped
             used[ident] = seconds
-    by_pid = {ident[0]: ident for ident in end.cpu}
+    alive = {ident[0]: ident for ident in end.cpu}
+    started = {ident[0]: ident for ident in start.cpu}
     for ident, seconds in start.cpu.items():
         if ident in ours or ident in end.cpu:
             continue
-        parent = by_pid.get(start.parent.get(ident, -1))
-        if parent is not None and parent in used:  # its time moved into the parent's children total
-            used[parent] = max(0.0, used[parent] - seconds)
+        # its time moved into the children total of the nearest ancestor still there (reaped up the chain)
+        pid, hops = start.parent.get(ident, -1), 0
+        while pid not in alive and pid in started and hops < 64:
+            pid, hops = start.parent.get(started[pid], -1), hops + 1
+        heir = alive.get(pid)
+        if heir is not None and heir in used:
+            used[heir] = max(0.0, used[heir] - seconds)
     return used
 
 
 def judge_host(start: HostSample, end: HostSample, limits: HealthLimits) -> tuple[list[str], dict[str, JSONScalar]]:
     window = max(end.monotonic - start.monotonic, 1e-9)
     used = foreign_cpu(start, end)
-    foreign = sum(used.values()) / window
+    # no more than the whole host was busy (a lifetime reaped into a process we cannot tell apart stays bounded)
+    foreign = min(sum(used.values()), max(0.0, end.busy_all_s - start.busy_all_s)) / window
     steal = max(0.0, end.steal_s - start.steal_s) / (window * max(end.cpus, 1)) * 100.0
     facts: dict[str, JSONScalar] = {
         "health_window_s": round(window, 4), "foreign_cores": round(foreign, 3),

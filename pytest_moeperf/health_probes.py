@@ -32,6 +32,7 @@ class HostSample:
     names: dict[ProcessId, str]
     steal_s: float  # summed over the CPUs in this process's affinity
     busy_s: float
+    busy_all_s: float  # busy time of every CPU of the host
     cpus: int
     loadavg: tuple[float, float, float]
 
@@ -50,6 +51,10 @@ def process_tree(parents: dict[int, int], roots: Iterable[int]) -> set[int]:
         seen.add(pid)
         todo.extend(children.get(pid, ()))
     return seen
+
+
+def _busy(times: Any) -> float:
+    return float(times.user + times.nice + times.system + getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0))
 
 
 def sample_host(roots: Iterable[int]) -> HostSample:
@@ -77,11 +82,12 @@ def sample_host(roots: Iterable[int]) -> HostSample:
     per_cpu = psutil.cpu_times(percpu=True)
     mine = [per_cpu[i] for i in affinity if i < len(per_cpu)] if affinity else list(per_cpu)
     steal = sum(getattr(t, "steal", 0.0) for t in mine)
-    busy = sum(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) for t in mine)
+    busy = sum(_busy(t) for t in mine)
+    busy_all = sum(_busy(t) for t in per_cpu)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return HostSample(monotonic=time.monotonic(), wall=time.time(), cpu=cpu, parent=parent,
                       ours=frozenset(by_pid[p] for p in tree if p in by_pid), pids=frozenset(pids),
-                      names=names, steal_s=steal, busy_s=busy,
+                      names=names, steal_s=steal, busy_s=busy, busy_all_s=busy_all,
                       cpus=len(mine), loadavg=(float(load[0]), float(load[1]), float(load[2])))
 
 

@@ -23,10 +23,12 @@ BUSY = [sys.executable, "-c", "while True: pass"]
 
 
 def host(t: float, cpu: dict[tuple[int, float], float], parent: dict[tuple[int, float], int] | None = None,
-         ours: frozenset[tuple[int, float]] = frozenset(), steal: float = 0.0, busy: float = 0.0) -> HostSample:
+         ours: frozenset[tuple[int, float]] = frozenset(), steal: float = 0.0, busy: float = 0.0,
+         busy_all: float | None = None) -> HostSample:
     return HostSample(monotonic=t, wall=1000.0 + t, cpu=cpu, parent=parent or dict.fromkeys(cpu, 1), ours=ours,
                       pids=frozenset(p for p, _ in cpu), names={k: f"proc{k[0]}" for k in cpu}, steal_s=steal,
-                      busy_s=busy, cpus=2, loadavg=(1.0, 1.0, 1.0))
+                      busy_s=busy, busy_all_s=100.0 * t if busy_all is None else busy_all, cpus=2,
+                      loadavg=(1.0, 1.0, 1.0))
 
 
 @pytest.fixture
@@ -59,6 +61,19 @@ def test_foreign_cpu_counts_deltas_births_and_reaped_children_once() -> None:
     assert used[old] == pytest.approx(1.0)  # 0.5 own + the child's 0.5 inside the window
     assert used[born] == pytest.approx(0.7)
     assert sum(used.values()) == pytest.approx(1.7)  # the orphan's lifetime is neither added nor subtracted
+
+
+def test_a_lifetime_reaped_up_a_chain_counts_only_its_window() -> None:
+    shell, wrapper, worker = (7, 2.0), (8, 3.0), (9, 4.0)  # shell -> timeout -> python, both gone by the end
+    start = host(0.0, {shell: 1.0, wrapper: 0.1, worker: 40.0}, parent={shell: 1, wrapper: 7, worker: 8})
+    end = host(2.0, {shell: 1.0 + 0.1 + 40.0 + 1.5}, parent={shell: 1})  # the worker used 1.5 s more, then exited
+    assert foreign_cpu(start, end) == {shell: pytest.approx(1.5)}
+
+
+def test_foreign_time_is_bounded_by_what_the_host_was_busy() -> None:
+    start = host(0.0, {(7, 2.0): 0.0}, busy_all=0.0)
+    end = host(1.0, {(7, 2.0): 5.0}, busy_all=1.5)  # a reaped lifetime we could not trace
+    assert judge_host(start, end, HealthLimits())[1]["foreign_cores"] == 1.5
 
 
 def test_judge_host_names_the_foreign_load_and_the_limit() -> None:
