@@ -117,7 +117,7 @@ OPTIONS: tuple[Option, ...] = (
            "and other GPU processes); a window that fails is INCONCLUSIVE", "on|off", parse_bool, True),
     Option("health-foreign-cores", "health_foreign_cores", "the health gate trips when processes outside the "
            "test's process tree keep more than CORES cores busy during the window", "CORES", parse_cores, 0.5),
-    Option("health-steal", "health_steal_pct", "the health gate trips when the hypervisor steals more than PCT % "
+    Option("health-steal", "health_steal_pct", "the health gate trips when the hypervisor steals more than PCT percent "
            "of the window's CPU time", "PCT", parse_percent, 10.0),
     Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "
            "measuring on them", None, parse_bool, False),

@@ -279,3 +279,10 @@ def test_bad_threshold_values_are_usage_errors(pytester: pytest.Pytester) -> Non
     pytester.makeini("[pytest]\nmoeperf_health_steal = 150\n")
     result = pytester.runpytest("-p", "pytest_moeperf.plugin")
     result.stderr.fnmatch_lines(["*moeperf_health_steal: a percentage is in [[]0, 100], got 150.0*"])
+
+
+def test_help_shows_the_health_and_placement_options(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("-p", "pytest_moeperf.plugin", "--help")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*--moeperf-health=on|off*", "*--moeperf-health-foreign-cores=CORES*",
+                                 "*--moeperf-health-steal=PCT*", "*--moeperf-share-gpus*"])
