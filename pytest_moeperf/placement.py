@@ -8,7 +8,8 @@
   it runs alone. The lock directory is created by the controller and handed to workers in ``workerinput``.
 - More workers than GPUs is a usage error unless ``--moeperf-share-gpus``: then worker N gets GPU
   N mod count, and the locks make the workers sharing a GPU take turns measuring.
-- CPU-only boxes (no GPU in the topology): nothing is placed or locked.
+- ``-n auto`` starts one worker per GPU. CPU-only boxes (no GPU in the topology): nothing is placed or
+  locked, and ``-n auto`` counts CPUs as usual.
 """
 
 from __future__ import annotations
@@ -199,6 +200,24 @@ def install(config: pytest.Config, gpu_count: int, share: bool) -> Placement:
     plugin.made_dir = made
     config.pluginmanager.register(plugin, "moeperf-placement")
     return placement
+
+
+def auto_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` on a GPU box: one worker per GPU (None on a CPU-only box: xdist counts CPUs)."""
+    from pytest_moeperf import settings as settings_mod
+    from pytest_moeperf import topology as topology_mod
+
+    topology_file = settings_mod.resolve(config).topology_file
+    try:
+        if topology_file is not None:
+            count = topology_mod.load_topology(topology_file).gpu_count
+        else:
+            found = topology_mod.probe_nvml()
+            count = len(found[0]) if found else 0
+    except topology_mod.TopologyError:
+        return None  # reported by pytest_configure
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return len(device_list(visible, count)) if count else None
 
 
 def session_roots(placement: Placement) -> tuple[int, ...]:

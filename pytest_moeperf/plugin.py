@@ -76,6 +76,11 @@ settings_key = pytest.StashKey[Settings]()
 started_key = pytest.StashKey[float]()
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    return placement_mod.auto_workers(config)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_moeperf_topology(config: pytest.Config) -> Topology:
     settings = config.stash[settings_key]

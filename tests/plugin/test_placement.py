@@ -169,6 +169,13 @@ def test_each_worker_sees_its_own_gpu_and_a_two_gpu_test_runs_alone(pytester: py
         assert end <= double[0] or start >= double[1], (path.name, (start, end), double)
 
 
+def test_n_auto_starts_one_worker_per_gpu(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = run_xdist(pytester, "-n", "auto")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*2 workers [[]1 item[]]*"])
+
+
 def test_a_cpu_only_box_places_nothing(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("xdist")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
