@@ -23,6 +23,7 @@ What trips the gate (each limit an option with an ini twin):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
@@ -210,10 +211,21 @@ class HealthGate:
             self.nvml = None
 
 
+class GateOff:
+    """Says in the report header why windows are not judged (the gate needs psutil)."""
+
+    def pytest_report_header(self) -> str:
+        return "moeperf: health gate off: psutil is not installed (pip install psutil)"
+
+
 def install(config: pytest.Config, limits: HealthLimits | None, roots: Sequence[int] | None,
             gpu_indices: Any) -> HealthGate | None:
-    """Register the gate (``limits`` None: ``--moeperf-health off``, nothing registered)."""
+    """Register the gate (``limits`` None: ``--moeperf-health off``, nothing registered). Without psutil (a base
+    install) the gate is off and the report header says so."""
     if limits is None:
+        return None
+    if importlib.util.find_spec("psutil") is None:
+        config.pluginmanager.register(GateOff(), "moeperf-health")
         return None
     gate = HealthGate(limits, roots or (os.getpid(),), gpu_indices)
     config.pluginmanager.register(gate, "moeperf-health")

@@ -286,3 +286,13 @@ def test_help_shows_the_health_and_placement_options(pytester: pytest.Pytester) 
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*--moeperf-health=on|off*", "*--moeperf-health-foreign-cores=CORES*",
                                  "*--moeperf-health-steal=PCT*", "*--moeperf-share-gpus*"])
+
+
+def test_without_psutil_the_gate_is_off_and_says_so(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psutil", None)  # a base install: only pytest
+    pytester.makepyfile(test_perf=PERF_TEST.replace("1.0)", "0.0)", 1))
+    pytester.makeconftest(DUMP_HEALTH)
+    result = pytester.runpytest("-p", "pytest_moeperf.plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["moeperf: health gate off: psutil is not installed (pip install psutil)"])
+    assert json.loads((pytester.path / "health.json").read_text()) is None
