@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -120,6 +119,8 @@ class GpuLocks:
         self.directory = directory
 
     def hold(self, slots: Sequence[int]) -> ExitStack:
+        import fcntl  # POSIX only: imported where used, so the plugin still loads elsewhere
+
         stack = ExitStack()
         try:
             for slot in sorted(set(slots)):
