@@ -8,7 +8,9 @@ from collections.abc import Generator
 
 import pytest
 
+from pytest_moeperf import health as health_mod
 from pytest_moeperf import hookspec, markers, rounds
+from pytest_moeperf import placement as placement_mod
 from pytest_moeperf import probe as probe_mod
 from pytest_moeperf import settings as settings_mod
 from pytest_moeperf import topology as topology_mod
@@ -67,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
         topo = config.hook.pytest_moeperf_topology(config=config)
     except TopologyError as exc:
         raise pytest.UsageError(f"--moeperf-topology: {exc}") from None
+    placed = placement_mod.install(config, topo.gpu_count, settings.share_gpus)
+    limits = health_mod.HealthLimits(settings.health_foreign_cores, settings.health_steal_pct)
+    health_mod.install(config, limits if settings.health else None, placement_mod.session_roots(placed),
+                       (lambda item: ()) if topo.simulated else placed.nvml_indices)
     config.stash[started_key] = time.monotonic()
     state = MoePerfSession(config, settings, topo)
     config.stash[session_key] = state
@@ -75,6 +81,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 settings_key = pytest.StashKey[Settings]()
 started_key = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    return placement_mod.auto_workers(config)
 
 
 @pytest.hookimpl(trylast=True)

@@ -76,6 +76,28 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def parse_cores(text: str) -> float:
+    """A number of CPU cores, e.g. ``0.5``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of cores such as 0.5, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a number of cores must be >= 0, got {value}")
+    return value
+
+
+def parse_percent(text: str) -> float:
+    """A percentage in [0, 100]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 10, got {text!r}") from None
+    if not 0.0 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"a percentage is in [0, 100], got {value}")
+    return value
+
+
 def parse_url(text: str) -> str:
     if not text.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(f"expected an http(s) URL such as http://127.0.0.1:8000, got {text!r}")
@@ -140,6 +162,14 @@ OPTIONS: tuple[Option, ...] = (
            "URL|PATH|off", parse_history_option, None),
     Option("html", "html", "write a self-contained HTML report (topology, change chart, sortable verdict table, "
            "trends of flagged metrics) to PATH", "PATH", Path, None),
+    Option("health", "health", "judge each measurement window's health (foreign CPU load, steal, GPU throttling "
+           "and other GPU processes); a window that fails is INCONCLUSIVE", "on|off", parse_bool, True),
+    Option("health-foreign-cores", "health_foreign_cores", "the health gate trips when processes outside the "
+           "test's process tree keep more than CORES cores busy during the window", "CORES", parse_cores, 0.5),
+    Option("health-steal", "health_steal_pct", "the health gate trips when the hypervisor steals more than PCT percent "
+           "of the window's CPU time", "PCT", parse_percent, 10.0),
+    Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "
+           "measuring on them", None, parse_bool, False),
 )
 
 #: Set by a ``--moeperf-rounds`` parent in each child's environment: the round ("i/N"); the child writes no
@@ -167,6 +197,10 @@ class Settings:
     noise_k: float
     rounds: int
     confirm: int
+    health: bool
+    health_foreign_cores: float
+    health_steal_pct: float
+    share_gpus: bool
     history: str | Path | None = None
     html: Path | None = None
     round_of: str | None = None  # "i/N" in a --moeperf-rounds child

@@ -174,6 +174,9 @@ class RankGroup:
         env_common["WORLD_SIZE"] = str(self.world_size)
         if self.backend == "gloo":
             env_common.setdefault("OMP_NUM_THREADS", "1")
+        elif os.environ.get("MOEPERF_ALL_GPUS"):
+            # an xdist worker sees only its own GPU (pytest_moeperf.placement); its ranks need every GPU of the box
+            env_common["CUDA_VISIBLE_DEVICES"] = os.environ["MOEPERF_ALL_GPUS"]
         try:
             for rank in range(self.world_size):
                 task_r, task_w = os.pipe()

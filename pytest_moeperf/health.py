@@ -1,0 +1,232 @@
+"""The health gate: was the host (and the GPU) quiet while a test measured?
+
+Around the call of every test that uses the ``perf`` fixture, the gate samples the host and the test's GPUs
+(`pytest_moeperf.health_probes`) and stores a `HealthReport` in ``item.stash[health_key]`` before the call's
+report is made; the session marks that test's metrics INCONCLUSIVE when the report is not ok.
+
+What trips the gate (each limit an option with an ini twin):
+
+- **host**: CPU time used by processes outside the measured process tree, as cores busy over the window
+  (``--moeperf-health-foreign-cores``); steal time, as a percentage of the window on our CPUs
+  (``--moeperf-health-steal``). The tree is the pytest process and its descendants (a launched vLLM server,
+  rank workers); under xdist with one GPU per worker, the whole session (controller and workers), since the
+  other workers measure on other GPUs. CPU accounting ticks at 10 ms, so a window shorter than
+  `MIN_JUDGED_WINDOW_S` is recorded but not judged on the host. The load average is recorded, not judged: it
+  counts the test's own threads.
+- **GPU** (when NVML sees one): a clocks-event reason that slows the clocks for a reason other than the load
+  itself (HW slowdown, HW or SW thermal slowdown, HW power brake) at either end of the window; the cumulative
+  thermal-violation counter moving during the window; an uncorrected ECC error or an XID event; a compute
+  process on the GPU that is visible here and not ours. The SW power cap is *not* a failure: a GPU under full
+  load sits at its power limit by design, and the baselines were measured the same way (the share of the
+  window spent power-capped is a fact). Clocks and temperature at the window's end are facts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pytest_moeperf.health_probes import REASON_BITS, GpuSample, HostSample, NvmlProbe, ProcessId, sample_host
+from pytest_moeperf.health_record import HealthReport, health_key
+from pytest_moeperf.records import JSONScalar
+
+#: Shorter windows are not judged on host CPU time (per-process times tick at 10 ms).
+MIN_JUDGED_WINDOW_S = 0.2
+#: Clock-event reasons that mean the clocks were held down by something other than the load.
+BAD_REASONS = 0x8 | 0x20 | 0x40 | 0x80
+
+
+@dataclass(frozen=True)
+class HealthLimits:
+    foreign_cores: float = 0.5
+    steal_pct: float = 10.0
+
+
+# --------------------------------------------------------------------------------------------- host
+def foreign_cpu(start: HostSample, end: HostSample) -> dict[ProcessId, float]:
+    """CPU seconds each process outside our tree used between two samples.
+
+    A process's time includes its reaped children's, so short-lived processes count once their parent reaps
+    them. A process that exited in between is taken off its parent's figure where the parent is still there (its
+    time moved into the parent's children total); one whose time is lost is left out rather than subtracted.
+    """
+    ours = start.ours | end.ours
+    used: dict[ProcessId, float] = {}
+    for ident, seconds in end.cpu.items():
+        if ident in ours:
+            continue
+        before = start.cpu.get(ident)
+        if before is not None:
+            used[ident] = max(0.0, seconds - before)
+        elif ident[1] >= start.wall - 1.0:  # born during the window; one unreadable at start is skipped
+            used[ident] = seconds
+    alive = {ident[0]: ident for ident in end.cpu}
+    started = {ident[0]: ident for ident in start.cpu}
+    for ident, seconds in start.cpu.items():
+        if ident in ours or ident in end.cpu:
+            continue
+        # its time moved into the children total of the nearest ancestor still there (reaped up the chain)
+        pid, hops = start.parent.get(ident, -1), 0
+        while pid not in alive and pid in started and hops < 64:
+            pid, hops = start.parent.get(started[pid], -1), hops + 1
+        heir = alive.get(pid)
+        if heir is not None and heir in used:
+            used[heir] = max(0.0, used[heir] - seconds)
+    return used
+
+
+def judge_host(start: HostSample, end: HostSample, limits: HealthLimits) -> tuple[list[str], dict[str, JSONScalar]]:
+    window = max(end.monotonic - start.monotonic, 1e-9)
+    used = foreign_cpu(start, end)
+    # no more than the whole host was busy (a lifetime reaped into a process we cannot tell apart stays bounded)
+    foreign = min(sum(used.values()), max(0.0, end.busy_all_s - start.busy_all_s)) / window
+    steal = max(0.0, end.steal_s - start.steal_s) / (window * max(end.cpus, 1)) * 100.0
+    facts: dict[str, JSONScalar] = {
+        "health_window_s": round(window, 4), "foreign_cores": round(foreign, 3),
+        "host_busy_cores": round(max(0.0, end.busy_s - start.busy_s) / window, 3),
+        "steal_pct": round(steal, 2), "loadavg_1m": round(end.loadavg[0], 2),
+        "host_judged": window >= MIN_JUDGED_WINDOW_S,
+    }
+    reasons: list[str] = []
+    if window < MIN_JUDGED_WINDOW_S:
+        return reasons, facts
+    if foreign > limits.foreign_cores:
+        top = sorted(used.items(), key=lambda kv: -kv[1])[:3]
+        busiest = ", ".join(f"{end.names.get(i, '?')} pid {i[0]} {s / window:.1f}" for i, s in top if s > 0)
+        reasons.append(f"host: {foreign:.1f} foreign cores busy during the window "
+                       f"(limit {limits.foreign_cores:g}; busiest: {busiest})")
+    if steal > limits.steal_pct:
+        reasons.append(f"host: {steal:.0f} % of the window stolen by the hypervisor (limit {limits.steal_pct:g} %)")
+    return reasons, facts
+
+
+# --------------------------------------------------------------------------------------------- GPU
+def reason_names(bits: int) -> list[str]:
+    return [name for bit, name in sorted(REASON_BITS.items()) if bits & bit]
+
+
+def judge_gpus(start: Sequence[GpuSample], end: Sequence[GpuSample], ours: set[int], visible: set[int]
+               ) -> tuple[list[str], dict[str, JSONScalar]]:
+    """Reasons and facts for each GPU sampled at both ends. ``ours``: pids of the measured tree; ``visible``:
+    every pid this process can see (a pid NVML reports from another PID namespace cannot be told apart)."""
+    reasons: list[str] = []
+    facts: dict[str, JSONScalar] = {}
+    before = {s.index: s for s in start}
+    for after in end:
+        first = before.get(after.index)
+        if first is None:
+            continue
+        gpu = f"gpu{after.index}"
+        window_ns = max((after.monotonic - first.monotonic) * 1e9, 1.0)
+        bits = (first.reasons or 0) | (after.reasons or 0)
+        if first.reasons is not None or after.reasons is not None:
+            facts[f"{gpu}_clock_events"] = "+".join(reason_names(bits)) or "none"
+        bad = reason_names(bits & BAD_REASONS)
+        if bad:
+            reasons.append(f"{gpu}: clocks held down by {', '.join(bad)} during the window")
+        deltas = {k: after.violation_ns[k] - first.violation_ns[k]
+                  for k in after.violation_ns.keys() & first.violation_ns.keys()}
+        if "power" in deltas:
+            facts[f"{gpu}_power_capped_pct"] = round(100.0 * max(0, deltas["power"]) / window_ns, 1)
+        if deltas.get("thermal", 0) > 0:
+            facts[f"{gpu}_thermal_ms"] = round(deltas["thermal"] / 1e6, 1)
+            reasons.append(f"{gpu}: thermal limit held the clocks down for {deltas['thermal'] / 1e6:.0f} ms "
+                           "of the window")
+        for name, value in (("sm_clock_mhz", after.sm_clock_mhz), ("sm_clock_max_mhz", after.sm_clock_max_mhz),
+                            ("mem_clock_mhz", after.mem_clock_mhz), ("mem_clock_max_mhz", after.mem_clock_max_mhz),
+                            ("temperature_c", after.temperature_c)):
+            if value is not None:
+                facts[f"{gpu}_{name}"] = int(value)
+        if first.ecc_uncorrected is not None and after.ecc_uncorrected is not None \
+                and after.ecc_uncorrected > first.ecc_uncorrected:
+            reasons.append(f"{gpu}: {after.ecc_uncorrected - first.ecc_uncorrected} uncorrected ECC error(s) "
+                           "during the window")
+        if after.xids:
+            reasons.append(f"{gpu}: XID event(s) {', '.join(map(str, after.xids))} during the window")
+        pids = set(first.compute_pids or ()) | set(after.compute_pids or ())
+        others = sorted(p for p in pids if p in visible and p not in ours)
+        unresolved = sorted(p for p in pids if p not in visible)
+        if unresolved:
+            facts[f"{gpu}_unresolved_pids"] = len(unresolved)
+        if others:
+            reasons.append(f"{gpu}: other compute process(es) on the GPU: pid {', '.join(map(str, others))}")
+    return reasons, facts
+
+
+# --------------------------------------------------------------------------------------------- the gate
+class HealthGate:
+    """The plugin object: samples around each ``perf`` test's call and stores the `HealthReport`."""
+
+    def __init__(self, limits: HealthLimits, roots: Sequence[int], gpu_indices: Any) -> None:
+        """``gpu_indices(item)`` names the NVML indices a test measures on (empty: none)."""
+        self.limits = limits
+        self.roots = tuple(roots)
+        self.gpu_indices = gpu_indices
+        self.nvml: NvmlProbe | None = None
+        self.nvml_tried = False
+
+    def _probe(self) -> NvmlProbe | None:
+        if not self.nvml_tried:
+            self.nvml_tried = True
+            self.nvml = NvmlProbe.open()
+        return self.nvml
+
+    def _gpu_samples(self, indices: Iterable[int]) -> list[GpuSample]:
+        indices = list(indices)
+        probe = self._probe() if indices else None
+        return probe.sample(indices) if probe is not None else []
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        from pytest_moeperf.session import perf_key
+
+        if item.stash.get(perf_key, None) is None:
+            return (yield)
+        indices: tuple[int, ...] = tuple(self.gpu_indices(item))
+        host_start = sample_host(self.roots)
+        gpu_start = self._gpu_samples(indices)
+        try:
+            return (yield)
+        finally:
+            gpu_end = self._gpu_samples(indices)
+            host_end = sample_host(self.roots)
+            item.stash[health_key] = self.judge(host_start, host_end, gpu_start, gpu_end)
+
+    def judge(self, host_start: HostSample, host_end: HostSample, gpu_start: Sequence[GpuSample],
+              gpu_end: Sequence[GpuSample]) -> HealthReport:
+        reasons, facts = judge_host(host_start, host_end, self.limits)
+        ours = {pid for pid, _ in host_end.ours | host_start.ours}
+        gpu_reasons, gpu_facts = judge_gpus(gpu_start, gpu_end, ours, set(host_end.pids))
+        return HealthReport(ok=not reasons and not gpu_reasons, reasons=tuple(reasons + gpu_reasons),
+                            facts={**facts, **gpu_facts})
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+            self.nvml = None
+
+
+class GateOff:
+    """Says in the report header why windows are not judged (the gate needs psutil)."""
+
+    def pytest_report_header(self) -> str:
+        return "moeperf: health gate off: psutil is not installed (pip install psutil)"
+
+
+def install(config: pytest.Config, limits: HealthLimits | None, roots: Sequence[int] | None,
+            gpu_indices: Any) -> HealthGate | None:
+    """Register the gate (``limits`` None: ``--moeperf-health off``, nothing registered). Without psutil (a base
+    install) the gate is off and the report header says so."""
+    if limits is None:
+        return None
+    if importlib.util.find_spec("psutil") is None:
+        config.pluginmanager.register(GateOff(), "moeperf-health")
+        return None
+    gate = HealthGate(limits, roots or (os.getpid(),), gpu_indices)
+    config.pluginmanager.register(gate, "moeperf-health")
+    return gate
