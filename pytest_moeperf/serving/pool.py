@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pytest_moeperf.serving.profiles import TINY_DRAFT, TINY_EAGLE3, TINY_MOE, S
 from pytest_moeperf.serving.served import Served, vocab_size_of
 from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, ServerStartError, free_port
 
-__all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "place"]
+__all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "pin_gpus", "place"]
 
 log = logging.getLogger("pytest_moeperf.serving")
 
@@ -176,7 +177,7 @@ class ServerPool:
         port = free_port()
         env = dict(profile.env)
         if spot.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spot.gpus)
+            env.update(pin_gpus(spot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
         server = LaunchedServer(
             profile.name,
             profile.argv(model, "127.0.0.1", port, generated),
@@ -195,6 +196,14 @@ class ServerPool:
         self.starts.setdefault(profile.name, []).append(startup)
         log.info("%s healthy after %.1f s", server.describe(), startup)
         return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup)
+
+
+def pin_gpus(gpus: Sequence[int], visible: str | None) -> dict[str, str]:
+    """The environment that pins a server to ``gpus`` (NVML indices, PCI order; within an existing
+    ``CUDA_VISIBLE_DEVICES`` list, its entries)."""
+    listed = [v.strip() for v in visible.split(",") if v.strip()] if visible else []
+    ids = [listed[g] if g < len(listed) else str(g) for g in gpus]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _nth(earlier_starts: int) -> str:

@@ -45,7 +45,9 @@ def hand_started_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[La
 
 
 def test_attach_mode_measures_a_server_the_suite_did_not_start(
-    pytester: pytest.Pytester, run_moeperf, hand_started_server: LaunchedServer  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester,
+    run_moeperf,
+    hand_started_server: LaunchedServer,  # type: ignore[no-untyped-def]
 ) -> None:
     for suite in ("serving", "specdecode"):
         shutil.copytree(REPO / "suites" / suite, pytester.path / "suites" / suite,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.serving.attach import split_url
-from pytest_moeperf.serving.pool import GPU_SHARE_BUDGET, Placement, ServerPool, place
+from pytest_moeperf.serving.pool import GPU_SHARE_BUDGET, Placement, ServerPool, pin_gpus, place
 from pytest_moeperf.serving.profiles import ServeProfile, load_profiles
 from pytest_moeperf.serving.speedup import ABA, ALTERNATING, measure_pair
 from pytest_moeperf.settings import parse_server_urls
@@ -101,3 +101,8 @@ def test_server_url_syntax() -> None:
     assert split_url("http://b:2/?x=1") == (None, "http://b:2/?x=1")
     with pytest.raises(argparse.ArgumentTypeError):
         parse_server_urls("prod=b:2")
+
+
+def test_servers_are_pinned_to_their_gpus_in_pci_order() -> None:
+    assert pin_gpus((0, 1), None) == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert pin_gpus((1,), "4,5")["CUDA_VISIBLE_DEVICES"] == "5"  # inside the user's own list

@@ -66,7 +66,12 @@ def test_bundled_gpu_profiles_fit_their_workloads(pytester: pytest.Pytester, run
     _suites(pytester)
     result = run_moeperf("suites", "--collect-only", "-q", "--moeperf-profiles", str(PROFILES))
     assert result.ret == 0, result.stdout.str()
-    for name in ("gpu-tiny-tp1-nospec-c16", "gpu-tiny-tp2-nospec-c1", "gpu-tiny-tp1-eagle3-c1", "gpu-tiny-tp2-draft-c8"):
+    for name in (
+        "gpu-tiny-tp1-nospec-c16",
+        "gpu-tiny-tp2-nospec-c1",
+        "gpu-tiny-tp1-eagle3-c1",
+        "gpu-tiny-tp2-draft-c8",
+    ):
         assert name in result.stdout.str(), name
 
 
