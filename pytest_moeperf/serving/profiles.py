@@ -82,6 +82,7 @@ class ServeProfile:
     tolerances: Tolerances = Tolerances()
     startup_timeout_s: float | None = None
     description: str = ""
+    requests: int | None = None  # per measured window, instead of the suite's per-device count (a time slot)
     attached_url: str | None = None  # synthesised from a running server (attach mode): never launched
 
     @property
@@ -210,7 +211,7 @@ def _from_json(path: Path) -> ServeProfile:
         raise ProfileError(f"{path}: expected a JSON object")
     known = {
         "name", "model", "device", "tp", "gpus", "max_model_len", "dtype", "vllm_args", "env",
-        "speculative", "reference", "thresholds", "tolerances", "startup_timeout_s", "description",
+        "speculative", "reference", "thresholds", "tolerances", "startup_timeout_s", "description", "requests",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -266,6 +267,7 @@ def _from_json(path: Path) -> ServeProfile:
         tolerances=Tolerances(**{name: _opt_float(path, tol, name) for name in TOLERANCE_FIELDS}),
         startup_timeout_s=None if timeout is None else float(timeout),
         description=get("description", str, ""),
+        requests=get("requests", int, None),
     )
 
 

@@ -29,7 +29,7 @@ from pytest_moeperf.settings import Settings
 pytestmark = [pytest.mark.serving, pytest.mark.moeperf_threshold(noise_k=0.0)]
 
 PROMPTS = Path(__file__).parents[1] / "specdecode" / "prompts" / "repetitive.json"
-CHAT_PROMPT_TOKENS = 256  # an upper bound of the bundled prompts' length after the chat template
+CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token) + the chat template
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def measure_and_record(
     served: Served, perf: PerfRecorder, shape: LoadShape, settings: Settings, endpoint: Endpoint
 ) -> None:
     wl = WORKLOADS[served.profile.device]
-    count = max(8, wl.requests // 2) if settings.quick else wl.requests
+    full = served.profile.requests or wl.requests
+    count = max(8, full // 2) if settings.quick else full
     if endpoint is Endpoint.CHAT:
         requests = served.prompt_set(PROMPTS, count + wl.warmup, wl.output_len, seed=1)
     else:
