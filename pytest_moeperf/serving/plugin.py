@@ -83,9 +83,11 @@ def profile_params(
     cases: Callable[[ServeProfile], Sequence[Case]] = lambda profile: [("", ())],
     *,
     lengths: Callable[[ServeProfile], tuple[int, int]] | None = None,
+    argname: str = "served",
 ) -> None:
-    """Parametrize ``served`` (indirect) and ``argnames`` over ``profiles`` x their ``cases``, profile-major (so
-    one server serves its tests in a row); ids ``<profile>[-<case id>]``. ``lengths`` (input and output tokens of
+    """Parametrize ``served`` (indirect: the test gets the running server) and ``argnames`` over ``profiles`` x their
+    ``cases``, profile-major (so one server serves its tests in a row); ids ``<profile>[-<case id>]``. With another
+    ``argname`` the test gets the profile's name and starts nothing by itself. ``lengths`` (input and output tokens of
     the workload) is checked against each profile's ``max_model_len`` here, at collection: a misfit is an error."""
     params = []
     for profile in profiles:
@@ -103,7 +105,7 @@ def profile_params(
             else ""
         )
         params = [pytest.param(None, *([None] * len(argnames)), id="none", marks=pytest.mark.skip(reason=reason))]
-    metafunc.parametrize(["served", *argnames], params, indirect=["served"])
+    metafunc.parametrize([argname, *argnames], params, indirect=["served"] if argname == "served" else False)
 
 
 @pytest.fixture(scope="session")

@@ -71,7 +71,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         profile_params(metafunc, profiles, ["concurrency"], per_concurrency, lengths=lengths)
     elif name == "test_speedup":
         candidates = [p for p in profiles if p.speculates and p.reference is not None]
-        profile_params(metafunc, candidates, ["concurrency"], per_concurrency, lengths=lengths)
+        # by name: the pair's measurement starts the servers it needs, in the order it needs them
+        profile_params(
+            metafunc, candidates, ["concurrency"], per_concurrency, lengths=lengths, argname="candidate_name"
+        )
 
 
 def decode_window(served: Served, concurrency: int, quick: bool) -> SpecWindow:
@@ -93,12 +96,12 @@ def tpot_ms(window: SpecWindow) -> float:
     return percentile(latency_samples(window.window.outcomes)["tpot"], 50.0)
 
 
-def describe(perf: PerfRecorder, served: Served, concurrency: int) -> None:
-    spec = served.profile.speculative or {}
+def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int) -> None:
+    spec = profile.speculative or {}
     perf.context(
-        profile=served.profile.name,
-        model=served.profile.model,
-        spec_method=served.profile.method,
+        profile=profile.name,
+        model=profile.model,
+        spec_method=profile.method,
         draft=str(spec.get("model", "")) or None,
         num_speculative_tokens=int(spec["num_speculative_tokens"]) if "num_speculative_tokens" in spec else None,
         concurrency=concurrency,
@@ -109,7 +112,7 @@ def describe(perf: PerfRecorder, served: Served, concurrency: int) -> None:
 def test_startup(served: Served, perf: PerfRecorder) -> None:
     """Time from launching the profile's server to its first healthy ``/health`` (its first start here)."""
     assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
-    describe(perf, served, 0)
+    describe(perf, served.profile, 0)
     perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
 
 
@@ -121,7 +124,7 @@ def test_decode(
 ) -> None:
     """TPOT, ITL, TTFT and output throughput of the profile; acceptance figures when it speculates."""
     result = decode_window(served, concurrency, moeperf_settings.quick)
-    describe(perf, served, concurrency)
+    describe(perf, served.profile, concurrency)
     tol = served.profile.tolerances
     check_failures(result.window.metrics)
     record_latencies(perf, result.window, tol, e2el=False)
@@ -154,16 +157,17 @@ def speedup_pairs() -> dict[tuple[str, str], PairResult]:
 
 
 def test_speedup(
-    served: Served,
+    candidate_name: str,
     concurrency: int,
     perf: PerfRecorder,
     serve: Pool,
+    serve_profiles: dict[str, ServeProfile],
     speedup_pairs: dict[tuple[str, str], PairResult],
     moeperf_settings: Settings,
 ) -> None:
     """Speedup = reference TPOT / candidate TPOT, same workload and concurrency, per round (the engine's TPOT, see
     :func:`tpot_ms`); the median round is judged and must reach ``min_speedup``."""
-    candidate = served.profile
+    candidate = serve_profiles[candidate_name]
     reference = candidate.reference
     assert reference is not None, f"profile {candidate.name} names no reference profile"
     wl = WORKLOADS[candidate.device]
@@ -182,7 +186,7 @@ def test_speedup(
         pair = measure_pair(serve, reference, candidate.name, wl.concurrencies, rounds, measure, fit_together=fit)
         speedup_pairs[(reference, candidate.name)] = pair
     ratios = pair.speedups[concurrency]
-    describe(perf, served, concurrency)
+    describe(perf, candidate, concurrency)
     perf.context(reference=reference, speedup_method=pair.method)
     if pair.drift:
         perf.context(reference_drift=", ".join(f"{d:.3f}" for d in pair.drift[concurrency]))
