@@ -104,6 +104,22 @@ def parse_url(text: str) -> str:
     return text.rstrip("/")
 
 
+def parse_server_urls(text: str) -> tuple[str, ...]:
+    """``URL`` or ``NAME=URL``, several separated by whitespace or commas (ini); each checked as a URL."""
+    out = []
+    for item in text.replace(",", " ").split():
+        name, sep, url = item.rpartition("=") if "=" in item.split("://", 1)[0] else ("", "", item)
+        out.append(f"{name}={parse_url(url)}" if sep else parse_url(url))
+    return tuple(out)
+
+
+def parse_dirs(text: str) -> tuple[Path, ...]:
+    """Directories separated by os.pathsep (or one per ini line)."""
+    import os
+
+    return tuple(Path(p) for line in text.splitlines() for p in line.split(os.pathsep) if p.strip())
+
+
 @dataclass(frozen=True)
 class Option:
     """One option: ``--moeperf-<name>`` on the command line and ``moeperf_<name>`` in the ini file."""
@@ -114,6 +130,7 @@ class Option:
     metavar: str | None  # None: a flag
     parse: Callable[[str], Any]
     default: Any
+    repeat: bool = False  # may be given several times; parse returns a tuple, the values are concatenated
 
     @property
     def flag(self) -> str:
@@ -137,8 +154,9 @@ OPTIONS: tuple[Option, ...] = (
            "FILE", Path, None),
     Option("tolerance", "tolerance", "default minimum effect: the smallest relative change worth failing for, "
            "as a fraction", "FRAC", parse_fraction, 0.05),
-    Option("server-url", "server_url", "attach to a running OpenAI-compatible vLLM server at URL "
-           "instead of launching one", "URL", parse_url, None),
+    Option("server-url", "server_urls", "measure the running OpenAI-compatible vLLM server at URL instead of "
+           "launching servers (repeatable; NAME=URL names it, reference=URL and candidate=URL pair two servers "
+           "for the spec-decode speedup)", "[NAME=]URL", parse_server_urls, (), repeat=True),
     Option("server-timeout", "server_timeout_s", "seconds to wait for a launched server's /health",
            "SECONDS", parse_seconds, 600.0),
     Option("rank-timeout", "rank_timeout_s", "seconds before a multi-process run is declared hung and killed",
@@ -170,6 +188,9 @@ OPTIONS: tuple[Option, ...] = (
            "of the window's CPU time", "PCT", parse_percent, 10.0),
     Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "
            "measuring on them", None, parse_bool, False),
+    Option("profiles", "profile_dirs", "directories of serve profiles (*.json) the serving and spec-decode suites "
+           "run (repeatable, or os.pathsep-separated)", "DIR", parse_dirs, (Path("suites/serving/profiles"),),
+           repeat=True),
 )
 
 #: Set by a ``--moeperf-rounds`` parent in each child's environment: the round ("i/N"); the child writes no
@@ -187,11 +208,12 @@ class Settings:
     markdown: Path | None
     topology_file: Path | None
     tolerance: float
-    server_url: str | None
+    server_urls: tuple[str, ...]
     server_timeout_s: float
     rank_timeout_s: float
     quick: bool
     deadline_s: float | None
+    profile_dirs: tuple[Path, ...]
     strict: bool
     noise_runs: int
     noise_k: float
@@ -210,8 +232,14 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("moeperf", "MoE inference performance regression tests")
     for option in OPTIONS:
         default_text = "off" if option.metavar is None else option.default
+        if isinstance(option.default, tuple):
+            default_text = ", ".join(str(d) for d in option.default) or "none"
         help_text = f"{option.help} (default: {default_text})"
-        if option.metavar is None:
+        if option.repeat:
+            group.addoption(option.flag, metavar=option.metavar, type=option.parse, action="append",
+                            default=None, dest=option.ini, help=help_text)
+            parser.addini(option.ini, help_text, default=None)
+        elif option.metavar is None:
             group.addoption(option.flag, action="store_true", default=None, dest=option.ini, help=help_text)
             parser.addini(option.ini, help_text, type="bool", default=option.default)
         else:
@@ -226,6 +254,8 @@ def resolve(config: pytest.Config) -> Settings:
     ini_dir = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
     for option in OPTIONS:
         value = config.getoption(option.ini)
+        if option.repeat and value is not None:
+            value = tuple(item for given in value for item in given)
         base = Path.cwd()  # a path given on the command line is relative to where pytest was started
         if value is None:
             base = ini_dir  # a path from the ini file (or the default) is relative to the ini file
@@ -243,6 +273,8 @@ def resolve(config: pytest.Config) -> Settings:
             # a topology may also be a bundled name such as 8x-rtx-pro-6000-pcie: leave it as given
             if option.field != "topology_file" or (base / value).exists():
                 value = base / value
+        if option.repeat:
+            value = tuple(base / v if isinstance(v, Path) and not v.is_absolute() else v for v in value)
         values[option.field] = value
     round_of = os.environ.get(ROUND_ENV) or None
     if round_of is not None:  # a --moeperf-rounds child: the parent stores and writes Markdown

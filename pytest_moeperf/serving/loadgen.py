@@ -38,6 +38,7 @@ __all__ = [
     "arrival_offsets",
     "prompt_set_requests",
     "random_token_requests",
+    "stream_outcome",
 ]
 
 log = logging.getLogger("pytest_moeperf.serving")
@@ -104,12 +105,14 @@ LoadShape = ClosedLoop | OpenLoop
 
 @dataclass(frozen=True)
 class WindowResult:
-    """The measured window: every outcome, its wall time and the metrics computed from them."""
+    """The measured window: every outcome, its wall time, the metrics computed from them and the endpoint the
+    requests went to."""
 
     shape: LoadShape
     outcomes: tuple[RequestOutcome, ...]
     duration_s: float
     metrics: ServingMetrics
+    endpoint: Endpoint = Endpoint.COMPLETIONS
 
 
 def arrival_offsets(shape: OpenLoop, count: int) -> list[float]:
@@ -216,7 +219,7 @@ class LoadGenerator:
                 job = self._open(session, requests, shape, start)
             outcomes = await self._guarded(job)
             duration = time.perf_counter() - start
-        return WindowResult(shape, tuple(outcomes), duration, compute(outcomes, duration, slo))
+        return WindowResult(shape, tuple(outcomes), duration, compute(outcomes, duration, slo), self.endpoint)
 
     async def _guarded(self, job: Awaitable[list[RequestOutcome]]) -> list[RequestOutcome]:
         """Run ``job`` beside the liveness watch; whichever ends first wins, the other is cancelled."""
@@ -334,17 +337,38 @@ class LoadGenerator:
             raise
         except Exception as exc:  # noqa: BLE001 (every failure is an outcome, never a silent drop)
             return _failed(req, sent - start, f"{type(exc).__name__}: {exc}")
-        if chunks == 0:
-            return _failed(req, sent - start, "no token-bearing chunk arrived before the stream ended")
-        return RequestOutcome(
-            success=True,
-            prompt_tokens=int(usage.get("prompt_tokens") or req.prompt_tokens),
-            output_tokens=int(usage.get("completion_tokens") or chunks),
-            ttft_s=ttft,
-            latency_s=last - sent,
-            itl_s=tuple(itl),
-            start_s=sent - start,
+        return stream_outcome(
+            req, sent=sent - start, chunks=chunks, ttft_s=ttft, latency_s=last - sent, itl_s=itl, usage=usage
         )
+
+
+def stream_outcome(
+    req: Request,
+    *,
+    sent: float,
+    chunks: int,
+    ttft_s: float,
+    latency_s: float,
+    itl_s: Sequence[float],
+    usage: dict[str, Any],
+) -> RequestOutcome:
+    """The outcome of a stream that ended normally. No token-bearing chunk, or (with ``ignore_eos``) fewer tokens
+    than requested, is a failure: a short answer finishes sooner and would read as a faster server."""
+    if chunks == 0:
+        return _failed(req, sent, "no token-bearing chunk arrived before the stream ended")
+    reported = usage.get("completion_tokens")  # None: a server without usage events; chunks are a lower bound
+    tokens = int(reported or chunks)
+    if req.ignore_eos and reported is not None and tokens < req.max_tokens:
+        return _failed(req, sent, f"short answer: {tokens} of {req.max_tokens} requested tokens (ignore_eos)")
+    return RequestOutcome(
+        success=True,
+        prompt_tokens=int(usage.get("prompt_tokens") or req.prompt_tokens),
+        output_tokens=tokens,
+        ttft_s=ttft_s,
+        latency_s=latency_s,
+        itl_s=tuple(itl_s),
+        start_s=sent,
+    )
 
 
 def _failed(req: Request, start_s: float, error: str) -> RequestOutcome:

@@ -7,6 +7,10 @@ so gate on TPOT there). Over the measured window: request, output and total toke
 window's wall time; goodput counts the requests that meet every given SLO (a request with one output token
 has TPOT 0 for that purpose, as in vLLM). Percentiles interpolate linearly between order statistics
 (numpy's default); std is the population standard deviation.
+
+A window whose stream *coalesced* (most answers arrived in at most two SSE chunks: the server's output loop lagged
+and sent whole answers at once) has no client-side TPOT or ITL worth the name: both collapse towards 0 and would
+read as a speed-up. :func:`coalesced` says so; the recorders then leave those metrics out.
 """
 
 from __future__ import annotations
@@ -20,15 +24,18 @@ from pytest_moeperf.stats import quantile
 __all__ = [
     "RequestOutcome",
     "ServingMetrics",
+    "Distribution",
     "Slo",
-    "Summary",
+    "coalesced",
     "compute",
+    "distribution",
     "latency_samples",
     "percentile",
-    "summarize",
 ]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
+COALESCED_MAX_CHUNKS = 2  # an answer in <= 2 chunks carries no inter-token timing
+COALESCED_SHARE = 0.5  # a window is coalesced when more than this share of its answers are
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,11 @@ class RequestOutcome:
     itl_s: tuple[float, ...] = ()
     start_s: float = 0.0
     error: str = ""
+
+    @property
+    def chunks(self) -> int:
+        """Token-bearing SSE chunks the answer came in (0 for a failed request)."""
+        return len(self.itl_s) + 1 if self.success else 0
 
     @property
     def tpot_s(self) -> float | None:
@@ -78,8 +90,9 @@ class Slo:
 
 
 @dataclass(frozen=True)
-class Summary:
-    """Mean, median, population std and percentiles of one metric, in the unit of its samples."""
+class Distribution:
+    """How one latency spreads over a window, as ``vllm bench serve`` prints it: mean, median, population std
+    and percentiles, in the unit of its samples (not the verdict's :class:`pytest_moeperf.stats.Summary`)."""
 
     count: int
     mean: float
@@ -107,10 +120,10 @@ class ServingMetrics:
     output_throughput: float
     total_token_throughput: float
     request_goodput: float | None
-    ttft_ms: Summary
-    tpot_ms: Summary
-    itl_ms: Summary
-    e2el_ms: Summary
+    ttft_ms: Distribution
+    tpot_ms: Distribution
+    itl_ms: Distribution
+    e2el_ms: Distribution
     errors: tuple[str, ...]
 
     @property
@@ -128,12 +141,12 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return quantile(samples, q / 100.0)
 
 
-def summarize(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Summary:
+def distribution(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Distribution:
     if not samples:
-        return Summary(0, 0.0, 0.0, 0.0, tuple((q, 0.0) for q in percentiles))
+        return Distribution(0, 0.0, 0.0, 0.0, tuple((q, 0.0) for q in percentiles))
     mean = math.fsum(samples) / len(samples)
     var = math.fsum((x - mean) ** 2 for x in samples) / len(samples)
-    return Summary(
+    return Distribution(
         count=len(samples),
         mean=mean,
         median=percentile(samples, 50.0),
@@ -171,10 +184,10 @@ def compute(
         output_throughput=total_out / duration_s,
         total_token_throughput=(total_in + total_out) / duration_s,
         request_goodput=goodput,
-        ttft_ms=summarize(ttfts, percentiles),
-        tpot_ms=summarize(tpots, percentiles),
-        itl_ms=summarize(itls, percentiles),
-        e2el_ms=summarize(e2els, percentiles),
+        ttft_ms=distribution(ttfts, percentiles),
+        tpot_ms=distribution(tpots, percentiles),
+        itl_ms=distribution(itls, percentiles),
+        e2el_ms=distribution(e2els, percentiles),
         errors=tuple(o.error for o in failed),
     )
 
@@ -188,3 +201,15 @@ def latency_samples(outcomes: Sequence[RequestOutcome]) -> dict[str, list[float]
         "itl": [gap * 1000.0 for o in ok for gap in o.itl_s],
         "e2el": [o.latency_s * 1000.0 for o in ok],
     }
+
+
+def coalesced(outcomes: Sequence[RequestOutcome]) -> str | None:
+    """Why the window's client TPOT/ITL mean nothing (most answers came in <= 2 chunks), or None if they stream."""
+    ok = [o for o in outcomes if o.success]
+    lumped = sum(1 for o in ok if o.chunks <= COALESCED_MAX_CHUNKS)
+    if not ok or lumped <= COALESCED_SHARE * len(ok):
+        return None
+    return (
+        f"{lumped} of {len(ok)} answers arrived in <= {COALESCED_MAX_CHUNKS} SSE chunks (the stream coalesced): "
+        "client TPOT and ITL not recorded"
+    )

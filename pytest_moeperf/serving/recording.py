@@ -2,7 +2,10 @@
 
 Latencies are lower-better: TTFT, TPOT and E2EL as per-request samples in ms (their median is judged) and ITL
 as vLLM's pooled mean (a single value: the server coalesces tokens into one SSE chunk when its output loop lags,
-so the pooled ITL median jumps between microseconds and milliseconds from run to run); throughputs (request, output,
+so the pooled ITL median jumps between microseconds and milliseconds from run to run). A window whose stream
+coalesced (most answers in <= 2 chunks, :func:`~pytest_moeperf.serving.metrics.coalesced`) records neither client
+TPOT nor ITL: both collapse towards 0 there and would read as a speed-up; the context says why
+(``client_timing``), and the engine's own TPOT, where recorded, still stands. Throughputs (request, output,
 total token; goodput) and acceptance figures are higher-better. The failed-request rate is checked here
 directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and the error of
 every failed request is in the message.
@@ -14,11 +17,18 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pytest_moeperf.serving.loadgen import WindowResult
-from pytest_moeperf.serving.metrics import ServingMetrics, latency_samples
+from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, latency_samples
 from pytest_moeperf.serving.profiles import Tolerances
 from pytest_moeperf.serving.specdecode import AcceptanceStats
 
-__all__ = ["FailedRequests", "PerfRecorder", "check_failures", "record_acceptance", "record_serving"]
+__all__ = [
+    "FailedRequests",
+    "PerfRecorder",
+    "check_failures",
+    "record_acceptance",
+    "record_latencies",
+    "record_serving",
+]
 
 
 class PerfRecorder(Protocol):
@@ -67,13 +77,7 @@ def record_serving(
     """Record the window's latencies (per-request samples, ms), throughputs and failed rate; then gate failures."""
     tol = tolerances or Tolerances()
     metrics = window.metrics
-    samples = latency_samples(window.outcomes)
-    for name in ("ttft", "tpot", "e2el"):
-        if samples.get(name):
-            limit = tol.ttft if name == "ttft" else tol.latency
-            perf.record(f"{name}_ms", samples[name], unit="ms", better="lower", tolerance=limit)
-    if metrics.itl_ms.count:
-        perf.record("itl_mean_ms", metrics.itl_ms.mean, unit="ms", better="lower", tolerance=tol.latency)
+    record_latencies(perf, window, tol, e2el=True)
     th = tol.throughput
     perf.record("request_throughput", metrics.request_throughput, unit="req/s", better="higher", tolerance=th)
     perf.record("output_throughput", metrics.output_throughput, unit="tok/s", better="higher", tolerance=th)
@@ -89,6 +93,23 @@ def record_serving(
         abs_tolerance=allowed_failed_rate,
     )
     check_failures(metrics, allowed_failed_rate)
+
+
+def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, *, e2el: bool) -> None:
+    """TTFT (and E2EL) per request; client TPOT per request and pooled mean ITL unless the stream coalesced."""
+    samples = latency_samples(window.outcomes)
+    if samples["ttft"]:
+        perf.record("ttft_ms", samples["ttft"], unit="ms", better="lower", tolerance=tol.ttft)
+    lumped = coalesced(window.outcomes)
+    if lumped is not None:
+        perf.context(client_timing=lumped)
+    else:
+        if samples["tpot"]:
+            perf.record("tpot_ms", samples["tpot"], unit="ms", better="lower", tolerance=tol.latency)
+        if window.metrics.itl_ms.count:
+            perf.record("itl_mean_ms", window.metrics.itl_ms.mean, unit="ms", better="lower", tolerance=tol.latency)
+    if e2el and samples["e2el"]:
+        perf.record("e2el_ms", samples["e2el"], unit="ms", better="lower", tolerance=tol.latency)
 
 
 def record_acceptance(perf: PerfRecorder, stats: AcceptanceStats, tolerances: Tolerances | None = None) -> None:

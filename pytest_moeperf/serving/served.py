@@ -22,11 +22,11 @@ from pytest_moeperf.serving.loadgen import (
 )
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prometheus import Scrape, parse
+from pytest_moeperf.serving.prometheus import histogram_mean_delta, parse
 from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, http_get
 from pytest_moeperf.serving.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
 
-__all__ = ["Served", "SpecWindow", "histogram_mean_delta"]
+__all__ = ["Served", "SpecWindow"]
 
 log = logging.getLogger("pytest_moeperf.serving")
 
@@ -45,15 +45,6 @@ class SpecWindow:
     window: WindowResult
     acceptance: AcceptanceStats | None
     engine_tpot_ms: float | None = None
-
-
-def histogram_mean_delta(before: Scrape, after: Scrape, name: str) -> float | None:
-    """Mean of the observations a Prometheus histogram received between two scrapes (None if none)."""
-    sum0, sum1 = before.total(name + "_sum"), after.total(name + "_sum")
-    n0, n1 = before.total(name + "_count"), after.total(name + "_count")
-    if sum0 is None or sum1 is None or n0 is None or n1 is None or n1 <= n0:
-        return None
-    return (sum1 - sum0) / (n1 - n0)
 
 
 @dataclass(frozen=True)

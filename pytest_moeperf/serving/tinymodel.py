@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TinyMoeSpec", "ensure_tiny_model"]
+__all__ = ["TinyMoeSpec", "ensure_tiny_eagle3", "ensure_tiny_model", "tiny_draft_spec"]
 
 EOS = "<|endoftext|>"
 CHAT_TEMPLATE = (
@@ -86,6 +86,62 @@ class TinyMoeSpec:
     def digest(self) -> str:
         blob = json.dumps({"spec": asdict(self), "format": _FORMAT_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tiny_draft_spec() -> TinyMoeSpec:
+    """The tiny model's smaller sibling (one layer, same tokenizer and vocabulary): a draft model for it."""
+    return TinyMoeSpec(num_hidden_layers=1)
+
+
+def eagle3_config(target: TinyMoeSpec) -> dict[str, Any]:
+    """An EAGLE-3 head (vLLM's ``LlamaForCausalLMEagle3``) for ``target``: one Llama layer fed by three of the
+    target's hidden states, same hidden size and vocabulary (so no draft-to-target token map)."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "vocab_size": target.vocab_size,
+        "draft_vocab_size": target.vocab_size,
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": target.num_key_value_heads,
+        "head_dim": target.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": target.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def ensure_tiny_eagle3(cache_root: Path, target: TinyMoeSpec | None = None) -> Path:
+    """``cache_root/tiny-eagle3-<hash>``: the EAGLE-3 head's config.json plus the target's tokenizer files. With
+    ``--load-format dummy`` its weights are random: acceptance ~0, it proves the EAGLE machinery, not a figure."""
+    target = target or TinyMoeSpec()
+    source = ensure_tiny_model(cache_root, target)
+    config = eagle3_config(target)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    head = cache_root / f"tiny-eagle3-{target.digest()}-{digest}"
+    if (head / "config.json").is_file():
+        return head
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-eagle3-", dir=cache_root))
+    try:
+        for item in source.iterdir():
+            if item.name not in ("config.json", "generation_config.json") and item.is_file():
+                shutil.copy(item, staging / item.name)
+        eos = json.loads((source / "config.json").read_text())["eos_token_id"]
+        config.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        try:
+            os.rename(staging, head)
+        except OSError:
+            if not (head / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return head
 
 
 def ensure_tiny_model(cache_root: Path, spec: TinyMoeSpec | None = None) -> Path:

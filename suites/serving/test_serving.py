@@ -1,9 +1,12 @@
-"""End-to-end serving: `vllm bench serve` metrics of each no-speculation profile, judged against baselines.
+"""End-to-end serving: `vllm bench serve` metrics of each profile, judged against baselines.
 
-Random-token prompts of fixed lengths with ``ignore_eos``; a concurrency sweep in closed loop, an open-loop
-request rate (Poisson and bursty gamma arrivals), and the chat endpoint. Every window records TTFT, TPOT,
-ITL, E2EL (ms, lower is better), request/output/total-token throughput and goodput (higher is better), and
-fails on any failed request.
+The profiles are data (``--moeperf-profiles``, default ``suites/serving/profiles``; or the servers attached with
+``--moeperf-server-url``): ``pytest_generate_tests`` below runs every no-speculation profile (every attached
+server) through the plan of its device. Random-token prompts of fixed lengths with ``ignore_eos``; a concurrency
+sweep in closed loop, an open-loop request rate (Poisson and bursty gamma arrivals), and the chat endpoint. Every
+window records TTFT, TPOT, ITL, E2EL (ms, lower is better), request/output/total-token throughput and goodput
+(higher is better), and fails on any failed request (a short answer is one). Each launched profile's time to
+healthy is recorded once (``startup_s``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import pytest
 
 from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, LoadShape, OpenLoop
 from pytest_moeperf.serving.metrics import Slo
+from pytest_moeperf.serving.plugin import profile_params, profiles_for
+from pytest_moeperf.serving.profiles import ServeProfile
 from pytest_moeperf.serving.recording import PerfRecorder, record_serving
 from pytest_moeperf.serving.served import Served
 from pytest_moeperf.settings import Settings
@@ -24,6 +29,7 @@ from pytest_moeperf.settings import Settings
 pytestmark = [pytest.mark.serving, pytest.mark.moeperf_threshold(noise_k=0.0)]
 
 PROMPTS = Path(__file__).parents[1] / "specdecode" / "prompts" / "repetitive.json"
+CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token) + the chat template
 
 
 @dataclass(frozen=True)
@@ -33,58 +39,86 @@ class Workload:
     output_len: int
     warmup: int
     slo: Slo
+    concurrencies: tuple[int, ...]
+    rates: tuple[tuple[float, float], ...]  # (requests/s, burstiness)
 
 
 # Per device: the CPU numbers keep CI within minutes; the GPU ones are the investigation's decode-heavy chat.
 WORKLOADS = {
-    "cpu": Workload(requests=24, input_len=128, output_len=64, warmup=2, slo=Slo(ttft_ms=1000, tpot_ms=50)),
-    "cuda": Workload(requests=200, input_len=1024, output_len=256, warmup=8, slo=Slo(ttft_ms=2000, tpot_ms=50)),
+    "cpu": Workload(24, 128, 64, 2, Slo(ttft_ms=1000, tpot_ms=50), (1, 4), ((8.0, 1.0), (8.0, 0.5))),
+    "cuda": Workload(200, 1024, 256, 8, Slo(ttft_ms=2000, tpot_ms=50), (1, 16, 64), ((4.0, 1.0),)),
 }
 
-CLOSED_LOOP = [
-    pytest.param("cpu-tiny-nospec", 1, id="cpu-tiny-c1"),
-    pytest.param("cpu-tiny-nospec", 4, id="cpu-tiny-c4"),
-    pytest.param("kimi-k25-tp8-nospec", 1, id="kimi-tp8-c1"),
-    pytest.param("kimi-k25-tp8-nospec", 16, id="kimi-tp8-c16"),
-    pytest.param("kimi-k25-tp8-nospec", 64, id="kimi-tp8-c64"),
-]
 
-OPEN_LOOP = [
-    pytest.param("cpu-tiny-nospec", 8.0, 1.0, id="cpu-tiny-r8-poisson"),
-    pytest.param("cpu-tiny-nospec", 8.0, 0.5, id="cpu-tiny-r8-gamma0.5"),
-    pytest.param("kimi-k25-tp8-nospec", 4.0, 1.0, id="kimi-tp8-r4-poisson"),
-]
+def measured(config: pytest.Config) -> list[ServeProfile]:
+    """No-speculation profiles (their speculating siblings are the spec-decode suite's), and attached servers."""
+    return [p for p in profiles_for(config).values() if not p.speculates or p.attached_url is not None]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    def lengths(p: ServeProfile) -> tuple[int, int]:
+        return WORKLOADS[p.device].input_len, WORKLOADS[p.device].output_len
+
+    profiles = measured(metafunc.config)
+    name = metafunc.function.__name__
+    if name == "test_startup":
+        profile_params(metafunc, [p for p in profiles if p.attached_url is None])
+    elif name == "test_closed_loop":
+        profile_params(
+            metafunc,
+            profiles,
+            ["concurrency"],
+            lambda p: [(f"c{c}", (c,)) for c in WORKLOADS[p.device].concurrencies],
+            lengths=lengths,
+        )
+    elif name == "test_open_loop":
+        profile_params(
+            metafunc,
+            profiles,
+            ["rate", "burstiness"],
+            lambda p: [(OpenLoop(r, b).label, (r, b)) for r, b in WORKLOADS[p.device].rates],
+            lengths=lengths,
+        )
+    elif name == "test_chat_closed_loop":
+        profile_params(metafunc, profiles,
+                       lengths=lambda p: (CHAT_PROMPT_TOKENS, WORKLOADS[p.device].output_len))  # fmt: skip
 
 
 def measure_and_record(
     served: Served, perf: PerfRecorder, shape: LoadShape, settings: Settings, endpoint: Endpoint
 ) -> None:
     wl = WORKLOADS[served.profile.device]
-    count = max(8, wl.requests // 2) if settings.quick else wl.requests
+    full = served.profile.requests or wl.requests
+    count = max(8, full // 2) if settings.quick else full
     if endpoint is Endpoint.CHAT:
         requests = served.prompt_set(PROMPTS, count + wl.warmup, wl.output_len, seed=1)
     else:
         requests = served.random_requests(count + wl.warmup, wl.input_len, wl.output_len, seed=0)
+    result = served.measure(requests[wl.warmup :], shape, warmup=requests[: wl.warmup], slo=wl.slo, endpoint=endpoint)
     perf.context(
         profile=served.profile.name,
         model=served.profile.model,
         tp=served.profile.tp,
         load=shape.label,
-        endpoint=endpoint.value,
+        endpoint=result.window.endpoint.value,  # what the window really called
         input_len=wl.input_len if endpoint is Endpoint.COMPLETIONS else None,
         output_len=wl.output_len,
         requests=count,
     )
-    result = served.measure(requests[wl.warmup :], shape, warmup=requests[: wl.warmup], slo=wl.slo)
     record_serving(perf, result.window, served.profile.tolerances)
 
 
-@pytest.mark.parametrize(("served", "concurrency"), CLOSED_LOOP, indirect=["served"])
+def test_startup(served: Served, perf: PerfRecorder) -> None:
+    """Time from launching the profile's server to its first healthy ``/health`` (its first start here)."""
+    assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
+    perf.context(profile=served.profile.name, model=served.profile.model, tp=served.profile.tp)
+    perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
+
+
 def test_closed_loop(served: Served, concurrency: int, perf: PerfRecorder, moeperf_settings: Settings) -> None:
     measure_and_record(served, perf, ClosedLoop(concurrency), moeperf_settings, Endpoint.COMPLETIONS)
 
 
-@pytest.mark.parametrize(("served", "rate", "burstiness"), OPEN_LOOP, indirect=["served"])
 def test_open_loop(
     served: Served, rate: float, burstiness: float, perf: PerfRecorder, moeperf_settings: Settings
 ) -> None:
@@ -92,10 +126,5 @@ def test_open_loop(
     measure_and_record(served, perf, shape, moeperf_settings, Endpoint.COMPLETIONS)
 
 
-@pytest.mark.parametrize(
-    "served",
-    [pytest.param("cpu-tiny-nospec", id="cpu-tiny"), pytest.param("kimi-k25-tp8-nospec", id="kimi-tp8")],
-    indirect=True,
-)
 def test_chat_closed_loop(served: Served, perf: PerfRecorder, moeperf_settings: Settings) -> None:
     measure_and_record(served, perf, ClosedLoop(2), moeperf_settings, Endpoint.CHAT)

@@ -1,13 +1,15 @@
 """Speculative decoding: does a draft pay for itself? Acceptance and TPOT speedup per candidate and concurrency.
 
-Every profile (the no-speculation reference and each draft candidate) decodes the same bundled prompt set with
-natural repetition (``ignore_eos``, fixed output length) at each concurrency. A candidate's acceptance comes from
-vLLM's spec-decode counters over exactly its measured window; its speedup is the reference's median TPOT over
-its own, same model, build and workload. Thresholds (minimum acceptance length and speedup) live in the
-candidate's profile; the comparison table of candidates is in the reports. The speedup test alternates
-reference and candidate windows on the same prompts, so that both see the same state of a shared machine, and
-uses the engine's TPOT (``vllm:request_time_per_output_token_seconds``, engine-core timestamps): the client's
-TPOT collapses when a lagging API server sends a whole answer in one SSE chunk, which a busy CPU box does.
+The profiles are data (``--moeperf-profiles``; or attached servers): ``pytest_generate_tests`` below runs every
+speculating profile and the references they name (every attached server, in attach mode) through the plan of its
+device. Every profile decodes the same bundled prompt set with natural repetition (``ignore_eos``, fixed output
+length) at each concurrency. A candidate's acceptance comes from vLLM's spec-decode counters over exactly its
+measured window. Its speedup is the reference's TPOT over its own (the engine's TPOT,
+``vllm:request_time_per_output_token_seconds``, engine-core timestamps: the client's TPOT collapses when a lagging
+API server sends a whole answer in one SSE chunk, which a busy CPU box does), measured by alternating windows when
+both servers fit on the box at once, else by A-B-A restarts (:mod:`pytest_moeperf.serving.speedup`); the method is
+in the context (``speedup_method``). Thresholds (minimum acceptance length and speedup) live in the candidate's
+profile; the comparison table of candidates is in the reports.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.serving.loadgen import ClosedLoop
-from pytest_moeperf.serving.metrics import latency_samples, percentile
-from pytest_moeperf.serving.plugin import ServerPool
-from pytest_moeperf.serving.recording import PerfRecorder, check_failures, record_acceptance
+from pytest_moeperf.serving.metrics import coalesced, latency_samples, percentile
+from pytest_moeperf.serving.plugin import Pool, profile_params, profiles_for
+from pytest_moeperf.serving.profiles import ServeProfile
+from pytest_moeperf.serving.recording import PerfRecorder, check_failures, record_acceptance, record_latencies
 from pytest_moeperf.serving.served import Served, SpecWindow
-from pytest_moeperf.serving.specdecode import speedup
+from pytest_moeperf.serving.speedup import PairResult, measure_pair
 from pytest_moeperf.settings import Settings
 
 # Per-request latencies spread with the workload (queueing, prompt mix), not with run-to-run noise: judge them
@@ -32,49 +35,73 @@ pytestmark = [pytest.mark.specdecode, pytest.mark.moeperf_threshold(noise_k=0.0)
 PROMPTS = Path(__file__).parent / "prompts" / "repetitive.json"
 
 
+PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token), rounded up
+
+
 @dataclass(frozen=True)
 class Workload:
     requests: int
     output_len: int
     warmup: int
+    concurrencies: tuple[int, ...]
 
 
-WORKLOADS = {"cpu": Workload(requests=24, output_len=96, warmup=2), "cuda": Workload(200, 256, 8)}
+WORKLOADS = {"cpu": Workload(24, 96, 2, (1, 4)), "cuda": Workload(200, 256, 8, (1, 8, 32))}
 
-CPU_CANDIDATES = ["cpu-tiny-nospec", "cpu-tiny-ngram"]
-GPU_CANDIDATES = [
-    "kimi-k25-tp8-nospec",
-    "kimi-k25-tp8-ngram",
-    "kimi-k25-tp8-eagle3-aqmedai",
-    "kimi-k25-tp8-eagle3-lightseek",
-    "kimi-k25-tp8-draft-moonlight",
-]
-PLAN = [pytest.param(p, c, id=f"{p}-c{c}") for p in CPU_CANDIDATES for c in (1, 4)] + [
-    pytest.param(p, c, id=f"{p}-c{c}") for p in GPU_CANDIDATES for c in (1, 8, 32)
-]
-SPECULATIVE_PLAN = [p for p in PLAN if "nospec" not in str(p.values[0])]
+
+def decoded(config: pytest.Config) -> list[ServeProfile]:
+    """Speculating profiles and the references they name (in attach mode: every attached server)."""
+    profiles = profiles_for(config)
+    refs = {p.reference for p in profiles.values() if p.speculates and p.reference is not None}
+    return [p for p in profiles.values() if p.speculates or p.name in refs or p.attached_url is not None]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    def lengths(p: ServeProfile) -> tuple[int, int]:
+        return PROMPT_TOKENS, WORKLOADS[p.device].output_len
+
+    def per_concurrency(p: ServeProfile) -> list[tuple[str, tuple[int]]]:
+        return [(f"c{c}", (c,)) for c in WORKLOADS[p.device].concurrencies]
+
+    profiles = decoded(metafunc.config)
+    name = metafunc.function.__name__
+    if name == "test_startup":
+        profile_params(metafunc, [p for p in profiles if p.speculates and p.attached_url is None])
+    elif name == "test_decode":
+        profile_params(metafunc, profiles, ["concurrency"], per_concurrency, lengths=lengths)
+    elif name == "test_speedup":
+        candidates = [p for p in profiles if p.speculates and p.reference is not None]
+        # by name: the pair's measurement starts the servers it needs, in the order it needs them
+        profile_params(
+            metafunc, candidates, ["concurrency"], per_concurrency, lengths=lengths, argname="candidate_name"
+        )
 
 
 def decode_window(served: Served, concurrency: int, quick: bool) -> SpecWindow:
     wl = WORKLOADS[served.profile.device]
-    count = max(8, wl.requests // 2) if quick else wl.requests
+    full = served.profile.requests or wl.requests
+    count = max(8, full // 2) if quick else full
     requests = served.prompt_set(PROMPTS, count + wl.warmup, wl.output_len, seed=0)
     return served.measure(requests[wl.warmup :], ClosedLoop(concurrency), warmup=requests[: wl.warmup])
 
 
 def tpot_ms(window: SpecWindow) -> float:
-    """The engine's mean TPOT over the window when the server exports it, else the client's median TPOT."""
+    """The engine's mean TPOT over the window when the server exports it, else the client's median TPOT (unless
+    the stream coalesced: then there is no TPOT to compare, and the test fails saying so)."""
     if window.engine_tpot_ms is not None:
         return window.engine_tpot_ms
+    lumped = coalesced(window.window.outcomes)
+    if lumped is not None:
+        pytest.fail(f"no TPOT for the speedup: the server exports no engine TPOT and {lumped}", pytrace=False)
     return percentile(latency_samples(window.window.outcomes)["tpot"], 50.0)
 
 
-def describe(perf: PerfRecorder, served: Served, concurrency: int) -> None:
-    spec = served.profile.speculative or {}
+def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int) -> None:
+    spec = profile.speculative or {}
     perf.context(
-        profile=served.profile.name,
-        model=served.profile.model,
-        spec_method=served.profile.method,
+        profile=profile.name,
+        model=profile.model,
+        spec_method=profile.method,
         draft=str(spec.get("model", "")) or None,
         num_speculative_tokens=int(spec["num_speculative_tokens"]) if "num_speculative_tokens" in spec else None,
         concurrency=concurrency,
@@ -82,7 +109,13 @@ def describe(perf: PerfRecorder, served: Served, concurrency: int) -> None:
     )
 
 
-@pytest.mark.parametrize(("served", "concurrency"), PLAN, indirect=["served"])
+def test_startup(served: Served, perf: PerfRecorder) -> None:
+    """Time from launching the profile's server to its first healthy ``/health`` (its first start here)."""
+    assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
+    describe(perf, served.profile, 0)
+    perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
+
+
 def test_decode(
     served: Served,
     concurrency: int,
@@ -91,19 +124,16 @@ def test_decode(
 ) -> None:
     """TPOT, ITL, TTFT and output throughput of the profile; acceptance figures when it speculates."""
     result = decode_window(served, concurrency, moeperf_settings.quick)
-    describe(perf, served, concurrency)
+    describe(perf, served.profile, concurrency)
     tol = served.profile.tolerances
-    samples = latency_samples(result.window.outcomes)
-    perf.record("tpot_ms", samples["tpot"], unit="ms", better="lower", tolerance=tol.latency)
-    perf.record("itl_mean_ms", result.window.metrics.itl_ms.mean, unit="ms", better="lower", tolerance=tol.latency)
-    perf.record("ttft_ms", samples["ttft"], unit="ms", better="lower", tolerance=tol.ttft)
+    check_failures(result.window.metrics)
+    record_latencies(perf, result.window, tol, e2el=False)
     if result.engine_tpot_ms is not None:
         perf.record("engine_tpot_ms", result.engine_tpot_ms, unit="ms", better="lower", tolerance=tol.latency)
     perf.record(
         "output_throughput", result.window.metrics.output_throughput, unit="tok/s", better="higher",
         tolerance=tol.throughput,
     )  # fmt: skip
-    check_failures(result.window.metrics)
     if served.profile.speculative is None:
         assert result.acceptance is None, f"{served.base_url} reports spec-decode drafts without a speculative config"
         return
@@ -120,40 +150,52 @@ def test_decode(
         )
 
 
-def paired_speedups(reference: Served, candidate: Served, concurrency: int, quick: bool) -> list[float]:
-    """Per-round speedups from windows that alternate reference and candidate on the same prompts, so both see
-    the same machine state (a shared CI box drifts more between minutes than between neighbouring seconds)."""
-    wl = WORKLOADS[candidate.profile.device]
-    rounds = 2 if quick else 4
-    per_round = max(2 * concurrency, wl.requests // rounds)
-    ratios = []
-    for r in range(rounds):
-        requests = candidate.prompt_set(PROMPTS, per_round, wl.output_len, seed=100 + r)
-        ref = reference.measure(requests, ClosedLoop(concurrency))
-        cand = candidate.measure(requests, ClosedLoop(concurrency))
-        check_failures(ref.window.metrics)
-        check_failures(cand.window.metrics)
-        ratios.append(speedup(*(tpot_ms(w) for w in (ref, cand))))
-    return ratios
+@pytest.fixture(scope="session")
+def speedup_pairs() -> dict[tuple[str, str], PairResult]:
+    """One measurement per (reference, candidate) pair, shared by that pair's tests (one per concurrency)."""
+    return {}
 
 
-@pytest.mark.parametrize(("served", "concurrency"), SPECULATIVE_PLAN, indirect=["served"])
 def test_speedup(
-    served: Served, concurrency: int, perf: PerfRecorder, serve: ServerPool, moeperf_settings: Settings
+    candidate_name: str,
+    concurrency: int,
+    perf: PerfRecorder,
+    serve: Pool,
+    serve_profiles: dict[str, ServeProfile],
+    speedup_pairs: dict[tuple[str, str], PairResult],
+    moeperf_settings: Settings,
 ) -> None:
-    """Speedup = reference TPOT / candidate TPOT, same workload and concurrency, per round of alternating windows
-    (the engine's TPOT, see :func:`tpot_ms`); the median round is judged and must reach ``min_speedup``."""
-    reference_name = served.profile.reference
-    assert reference_name is not None, f"profile {served.profile.name} names no reference profile"
-    ratios = paired_speedups(serve(reference_name), served, concurrency, moeperf_settings.quick)
-    describe(perf, served, concurrency)
-    perf.context(reference=reference_name)
-    perf.record("speedup", ratios, unit="x", better="higher", tolerance=served.profile.tolerances.speedup)
-    floor = served.profile.thresholds.min_speedup
+    """Speedup = reference TPOT / candidate TPOT, same workload and concurrency, per round (the engine's TPOT, see
+    :func:`tpot_ms`); the median round is judged and must reach ``min_speedup``."""
+    candidate = serve_profiles[candidate_name]
+    reference = candidate.reference
+    assert reference is not None, f"profile {candidate.name} names no reference profile"
+    wl = WORKLOADS[candidate.device]
+    rounds = 2 if moeperf_settings.quick else 4
+    per_round = (candidate.requests or wl.requests) // rounds
+
+    def measure(server: Served, c: int, r: int) -> float:
+        requests = server.prompt_set(PROMPTS, max(2 * c, per_round), wl.output_len, seed=100 + r)
+        window = server.measure(requests, ClosedLoop(c))
+        check_failures(window.window.metrics)
+        return tpot_ms(window)
+
+    pair = speedup_pairs.get((reference, candidate.name))
+    if pair is None:
+        fit = serve.pool.fits_together(reference, candidate.name)
+        pair = measure_pair(serve, reference, candidate.name, wl.concurrencies, rounds, measure, fit_together=fit)
+        speedup_pairs[(reference, candidate.name)] = pair
+    ratios = pair.speedups[concurrency]
+    describe(perf, candidate, concurrency)
+    perf.context(reference=reference, speedup_method=pair.method)
+    if pair.drift:
+        perf.context(reference_drift=", ".join(f"{d:.3f}" for d in pair.drift[concurrency]))
+    perf.record("speedup", ratios, unit="x", better="higher", tolerance=candidate.tolerances.speedup)
+    floor = candidate.thresholds.min_speedup
     middle = percentile(ratios, 50.0)
     if floor is not None:
         assert middle >= floor, (
-            f"{served.profile.name} at concurrency {concurrency} does not pay for itself: median speedup "
-            f"{middle:.2f}x over {len(ratios)} rounds (each: {', '.join(f'{x:.2f}' for x in ratios)}) "
-            f"< required {floor:.2f}x against {reference_name}"
+            f"{candidate.name} at concurrency {concurrency} does not pay for itself: median speedup "
+            f"{middle:.2f}x over {len(ratios)} rounds ({pair.method}; each: {', '.join(f'{x:.2f}' for x in ratios)})"
+            f" < required {floor:.2f}x against {reference}"
         )

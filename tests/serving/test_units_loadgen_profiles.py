@@ -16,7 +16,7 @@ from pytest_moeperf.serving.loadgen import (
     prompt_set_requests,
     random_token_requests,
 )
-from pytest_moeperf.serving.profiles import ProfileError, load_profiles, unmet_requirement
+from pytest_moeperf.serving.profiles import ProfileError, launch_blocker, load_profiles
 
 REPO = Path(__file__).parents[2]
 
@@ -75,9 +75,9 @@ def test_repo_profiles_load_and_gpu_profiles_skip_here() -> None:
     assert "--load-format" in argv and ngram.reference == "cpu-tiny-nospec"
     kimi = profiles["kimi-k25-tp8-eagle3-lightseek"]
     assert kimi.method == "eagle3" and kimi.tp == 8
-    reason = unmet_requirement(kimi, gpu_count=0, vllm_importable=True)
+    reason = launch_blocker(kimi, gpu_count=0, vllm_importable=True)
     assert reason is not None and "needs 8 GPUs" in reason
-    assert unmet_requirement(profiles["cpu-tiny-nospec"], gpu_count=0, vllm_importable=True) is None
+    assert launch_blocker(profiles["cpu-tiny-nospec"], gpu_count=0, vllm_importable=True) is None
 
 
 @pytest.mark.parametrize(

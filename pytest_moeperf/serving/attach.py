@@ -1,0 +1,97 @@
+"""Attach mode: profiles synthesised from running servers (``--moeperf-server-url [NAME=]URL``, repeatable).
+
+Each URL's server is asked what it serves (``GET /v1/models``: the model id and its ``max_model_len``) and whether
+it speculates (``GET /metrics``: vLLM's spec-decode counters exist only then). The profile is named after the
+served model (``NAME-<model>`` when the URL was named), so test ids and baselines are keyed by what was measured.
+``reference=URL`` and ``candidate=URL`` pair two servers: the candidate's speedup is measured against the
+reference. Where the server runs is unknown: a loopback URL on a host without GPUs is taken as a CPU server (the
+CPU workload), anything else as a GPU server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import urlparse
+
+from pytest_moeperf.serving.profiles import ServeProfile
+from pytest_moeperf.serving.prometheus import parse
+from pytest_moeperf.serving.server import http_get
+from pytest_moeperf.serving.specdecode import DRAFTS
+
+__all__ = ["AttachError", "attached_profiles", "split_url"]
+
+REFERENCE, CANDIDATE = "reference", "candidate"
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+class AttachError(RuntimeError):
+    """A server given with ``--moeperf-server-url`` cannot be measured; the message names the URL."""
+
+
+def split_url(entry: str) -> tuple[str | None, str]:
+    """``NAME=URL`` or ``URL`` into (name or None, URL)."""
+    head, sep, tail = entry.partition("=")
+    if sep and "://" not in head:
+        return head, tail
+    return None, entry
+
+
+def attached_profiles(entries: tuple[str, ...], *, local_gpus: int, wait_s: float = 60.0) -> dict[str, ServeProfile]:
+    """One synthesised profile per URL; the candidate of a ``reference=``/``candidate=`` pair names the reference."""
+    profiles: dict[str, ServeProfile] = {}
+    roles: dict[str, str] = {}
+    for entry in entries:
+        name, url = split_url(entry)
+        profile = synthesise(url, name, local_gpus=local_gpus, wait_s=wait_s)
+        if profile.name in profiles:
+            raise AttachError(f"{url} and {profiles[profile.name].attached_url} both yield profile {profile.name!r}")
+        profiles[profile.name] = profile
+        if name in (REFERENCE, CANDIDATE):
+            roles[name] = profile.name
+    if CANDIDATE in roles:
+        if REFERENCE not in roles:
+            raise AttachError("--moeperf-server-url candidate=URL needs a reference=URL to measure the speedup against")
+        cand = profiles[roles[CANDIDATE]]
+        profiles[cand.name] = _with_reference(cand, roles[REFERENCE])
+    return profiles
+
+
+def synthesise(url: str, name: str | None, *, local_gpus: int, wait_s: float) -> ServeProfile:
+    base = url.rstrip("/")
+    deadline = time.monotonic() + wait_s
+    while True:
+        status, body = http_get(base + "/v1/models", timeout_s=5.0)
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(2.0)
+    if status != 200:
+        raise AttachError(f"--moeperf-server-url {url}: GET /v1/models answered {status or 'nothing'}: {body[:300]}")
+    try:
+        cards = [c for c in json.loads(body).get("data", []) if isinstance(c, dict) and c.get("id")]
+    except (ValueError, AttributeError):
+        cards = []
+    if not cards:
+        raise AttachError(f"--moeperf-server-url {url}: /v1/models lists no model: {body[:300]}")
+    card = cards[0]  # the served model (LoRA adapters, if any, follow it)
+    model = str(card["id"])
+    status, metrics = http_get(base + "/metrics", timeout_s=10.0)
+    speculating = status == 200 and bool(parse(metrics).select(DRAFTS))
+    host = urlparse(base).hostname or ""
+    device = "cpu" if host in LOOPBACK and local_gpus == 0 else "cuda"
+    max_len = card.get("max_model_len")
+    return ServeProfile(
+        name=f"{name}-{model}" if name else model,
+        model=model,
+        device=device,
+        max_model_len=int(max_len) if isinstance(max_len, int) else 1 << 30,
+        speculative={"method": "unknown (attached)"} if speculating else None,
+        description=f"attached: {model} at {base}" + (" (speculative decoding on)" if speculating else ""),
+        attached_url=base,
+    )
+
+
+def _with_reference(profile: ServeProfile, reference: str) -> ServeProfile:
+    from dataclasses import replace
+
+    return replace(profile, reference=reference)

@@ -1,0 +1,65 @@
+"""Degenerate windows must not read as improvements: a short answer is a failure, and a window whose stream
+coalesced (whole answers in <= 2 SSE chunks) records no client TPOT or ITL (pure units on the real ``Perf``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_moeperf.perf import Perf
+from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, Request, WindowResult, stream_outcome
+from pytest_moeperf.serving.metrics import RequestOutcome, coalesced, compute
+from pytest_moeperf.serving.recording import FailedRequests, record_serving
+
+
+def answer(chunks: int, tokens: int = 64, ttft: float = 0.02, latency: float = 0.40) -> RequestOutcome:
+    gaps = tuple([(latency - ttft) / (chunks - 1)] * (chunks - 1)) if chunks > 1 else ()
+    return RequestOutcome(success=True, prompt_tokens=128, output_tokens=tokens, ttft_s=ttft, latency_s=latency,
+                          itl_s=gaps)  # fmt: skip
+
+
+def window(outcomes: list[RequestOutcome]) -> WindowResult:
+    return WindowResult(ClosedLoop(1), tuple(outcomes), 2.0, compute(outcomes, 2.0), Endpoint.COMPLETIONS)
+
+
+def recorded(outcomes: list[RequestOutcome]) -> tuple[dict[str, list[float]], dict[str, object]]:
+    perf = Perf("t")
+    record_serving(perf, window(outcomes))
+    return {m.name: list(m.samples) for m in perf.records}, dict(perf.records[-1].context)
+
+
+def test_a_window_that_streams_records_client_tpot_and_itl() -> None:
+    metrics, context = recorded([answer(64) for _ in range(6)])
+    assert metrics["tpot_ms"][0] == pytest.approx(380 / 63) and metrics["itl_mean_ms"][0] == pytest.approx(380 / 63)
+    assert "client_timing" not in context
+
+
+def test_a_coalesced_window_records_no_client_tpot_or_itl_and_says_why() -> None:
+    # whole answers in one chunk: TTFT == E2EL, TPOT (E2EL - TTFT)/(n - 1) = 0 and no ITL, which read as a speed-up
+    lumped = [answer(1, ttft=0.4) for _ in range(4)] + [answer(2, ttft=0.39), answer(64)]
+    metrics, context = recorded(lumped)
+    assert "tpot_ms" not in metrics and "itl_mean_ms" not in metrics
+    assert "5 of 6 answers arrived in <= 2 SSE chunks" in str(context["client_timing"])
+    assert {"ttft_ms", "e2el_ms", "output_throughput", "failed_rate"} <= set(metrics)
+
+
+def test_a_few_lumped_answers_do_not_silence_the_window() -> None:
+    assert coalesced([answer(1)] * 2 + [answer(40)] * 4) is None
+
+
+def test_a_short_answer_is_a_failure_not_a_fast_success() -> None:
+    req = Request(prompt=(1, 2, 3), max_tokens=64, prompt_tokens=3)
+    usage = {"completion_tokens": 17, "prompt_tokens": 3}
+    short = stream_outcome(req, sent=0.0, chunks=17, ttft_s=0.01, latency_s=0.1, itl_s=[0.005] * 16, usage=usage)
+    assert not short.success and "17 of 64 requested tokens" in short.error
+    full = stream_outcome(req, sent=0.0, chunks=64, ttft_s=0.01, latency_s=0.4, itl_s=[0.006] * 63,
+                          usage={"completion_tokens": 64})  # fmt: skip
+    assert full.success and full.output_tokens == 64 and full.chunks == 64
+    with pytest.raises(FailedRequests, match="short answer: 17 of 64"):
+        record_serving(Perf("t"), window([full, short]))
+
+
+def test_an_answer_that_may_end_early_is_not_short() -> None:
+    req = Request(prompt="hi", max_tokens=64, ignore_eos=False)
+    done = stream_outcome(req, sent=0.0, chunks=5, ttft_s=0.01, latency_s=0.05, itl_s=[0.01] * 4,
+                          usage={"completion_tokens": 5})  # fmt: skip
+    assert done.success and done.output_tokens == 5

@@ -1,0 +1,108 @@
+"""What fits on one box (GPU memory shares, one CPU server), how the speedup is paired (alternating windows vs
+A-B-A restarts, and the drift the A-B-A shows), and the attach-mode URL syntax. Pure units: no server starts."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from pytest_moeperf.serving.attach import split_url
+from pytest_moeperf.serving.pool import GPU_SHARE_BUDGET, Placement, ServerPool, pin_gpus, place
+from pytest_moeperf.serving.profiles import ServeProfile, load_profiles
+from pytest_moeperf.serving.speedup import ABA, ALTERNATING, measure_pair
+from pytest_moeperf.settings import parse_server_urls
+
+PROFILES = load_profiles(Path(__file__).parents[2] / "suites" / "serving" / "profiles")
+
+
+def gpu(name: str, tp: int, share: float) -> ServeProfile:
+    return ServeProfile(name=name, model="m", device="cuda", tp=tp, gpus=tp,
+                        vllm_args=("--gpu-memory-utilization", str(share)))  # fmt: skip
+
+
+def test_gpu_shares_sum_to_at_most_the_budget_per_gpu() -> None:
+    assert GPU_SHARE_BUDGET == 0.9
+    assert place(gpu("a", 1, 0.3), [], 1) == Placement((0,), 0.3)
+    assert place(gpu("a", 1, 0.3), [Placement((0,), 0.3), Placement((0,), 0.3)], 1) == Placement((0,), 0.3)
+    assert place(gpu("a", 1, 0.3), [Placement((0,), 0.3), Placement((0,), 0.4)], 1) is None
+    assert place(gpu("a", 1, 0.3), [Placement((0,), 0.6)], 2) == Placement((1,), 0.3)  # the emptier GPU
+    assert place(gpu("tp2", 2, 0.5), [Placement((0,), 0.6)], 2) is None
+    assert place(gpu("tp8", 8, 0.92), [], 8) is None  # above the budget on its own: never fits
+    assert place(gpu("tp2", 2, 0.2), [], 1) is None
+
+
+def test_cpu_runs_one_server_at_a_time() -> None:
+    cpu = PROFILES["cpu-tiny-nospec"]
+    assert place(cpu, [], 0) == Placement((), 0.0)
+    assert place(cpu, [Placement((), 0.0)], 0) is None
+
+
+def test_which_pairs_fit_together_on_which_box(tmp_path: Path) -> None:
+    def pool(gpus: int) -> ServerPool:
+        return ServerPool(PROFILES, timeout_s=1.0, gpu_count=gpus, model_cache=tmp_path, log_dir=tmp_path)
+
+    assert not pool(0).fits_together("cpu-tiny-nospec", "cpu-tiny-ngram")  # -> A-B-A on the CPU box
+    assert pool(1).fits_together("gpu-tiny-tp1-nospec", "gpu-tiny-tp1-eagle3")  # 0.2 + 0.2 on one H200
+    assert pool(2).fits_together("gpu-tiny-tp2-nospec", "gpu-tiny-tp2-ngram")
+    assert not pool(8).fits_together("kimi-k25-tp8-nospec", "kimi-k25-tp8-ngram")  # 0.92 each
+
+
+class Box:
+    """Stands in for the pool's launcher: records which server each window ran on and what was up."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.up, self.log = capacity, [], []  # type: ignore[var-annotated]
+
+    def __call__(self, name: str, *, keep: Sequence[str] = ()) -> str:  # type: ignore[override]
+        if name not in self.up:
+            while len(self.up) >= self.capacity:
+                self.up.pop(0)
+            self.up.append(name)
+            self.log.append(f"start {name}")
+        return name
+
+
+def test_aba_restarts_alternate_without_two_servers_up_and_show_drift() -> None:
+    box = Box(capacity=1)
+    tpots = {"ref": iter([10.0, 20.0, 12.0, 24.0]), "cand": iter([5.0, 8.0])}  # reference drifts +20 % between A's
+
+    def measure(served: str, concurrency: int, rnd: int) -> float:
+        assert len(box.up) == 1
+        return next(tpots[served])
+
+    pair = measure_pair(box, "ref", "cand", [1, 4], 1, measure, fit_together=False)  # type: ignore[arg-type]
+    assert box.log == ["start ref", "start cand", "start ref"]  # one A-B-A for both concurrencies
+    assert pair.method == ABA
+    assert pair.speedups == {1: [pytest.approx(11.0 / 5.0)], 4: [pytest.approx(22.0 / 8.0)]}
+    assert pair.drift == {1: [pytest.approx(1.2)], 4: [pytest.approx(1.2)]}
+
+
+def test_alternating_windows_when_both_fit() -> None:
+    box = Box(capacity=2)
+    order: list[str] = []
+
+    def measure(served: str, concurrency: int, rnd: int) -> float:
+        order.append(served)
+        return 9.0 if served == "ref" else 3.0
+
+    pair = measure_pair(box, "ref", "cand", [1], 3, measure, fit_together=True)  # type: ignore[arg-type]
+    assert order == ["ref", "cand"] * 3 and box.log == ["start ref", "start cand"]
+    assert pair.method == ALTERNATING and pair.speedups == {1: [3.0, 3.0, 3.0]} and pair.drift == {}
+
+
+def test_server_url_syntax() -> None:
+    assert parse_server_urls("http://a:8000/") == ("http://a:8000",)
+    assert parse_server_urls("reference=http://a:1, candidate=http://b:2") == (
+        "reference=http://a:1", "candidate=http://b:2")  # fmt: skip
+    assert split_url("candidate=http://b:2") == ("candidate", "http://b:2")
+    assert split_url("http://b:2/?x=1") == (None, "http://b:2/?x=1")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_server_urls("prod=b:2")
+
+
+def test_servers_are_pinned_to_their_gpus_in_pci_order() -> None:
+    assert pin_gpus((0, 1), None) == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert pin_gpus((1,), "4,5")["CUDA_VISIBLE_DEVICES"] == "5"  # inside the user's own list
