@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The vLLM batch on a 2x H200 machine, after vLLM's GPU build is installed into /tmp/site (the three carry calls
+# printed by ../shared/tools/vllm-gpu-carry.sh). Run from the repository root with the machine's own python3:
+#   1. `moeperf topology`                                                                    -> topology.txt
+#   2. vLLM's kernels (Marlin GEMM, fused Marlin MoE, custom all-reduce) with --moeperf-update -> kernels.log/.json
+#   3. serving + spec-decode suites on the tiny MoE TP=2 profiles, --moeperf-update            -> serving.log/.json
+#   4. the baselines it touched as a tarball                                                 -> baselines.tar.gz
+# Each pytest run has a --moeperf-deadline (remaining tests skip, the session still ends and writes its report
+# and baselines) and a hard `timeout` behind it. Env: KERNELS_S (default 90), SERVING_S (default 330), ROUNDS
+# (default 1; more rounds need more time than one device call has), PYTHON (default python3).
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-$PWD/device-out}"; mkdir -p "$OUT"
+PY="${PYTHON:-python3}"; KERNELS_S="${KERNELS_S:-90}"; SERVING_S="${SERVING_S:-330}"; ROUNDS="${ROUNDS:-1}"
+START=$(date +%s)
+note() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/topology.txt"; }
+$PY -m pytest_moeperf.cli topology >>"$OUT/topology.txt" 2>&1
+$PY -c 'import vllm; print("vllm", vllm.__version__)' >>"$OUT/topology.txt" 2>&1 || { note "vLLM does not import"; exit 3; }
+COMMON=(-p no:cacheprovider -q -rs --moeperf-history off --moeperf-update --moeperf-rounds "$ROUNDS")
+note "kernels"
+timeout -k 10 $(( KERNELS_S + 40 )) $PY -m pytest "${COMMON[@]}" --moeperf-deadline "$KERNELS_S" \
+    suites/allreduce suites/gemm/test_gemm.py -k "vllm_custom or (kimi and (routed_moe or marlin))" \
+    --moeperf-report "$OUT/kernels.json" >"$OUT/kernels.log" 2>&1
+note "kernels: rc=$? ($(tail -n 1 "$OUT/kernels.log"))"
+note "serving"
+timeout -k 10 $(( SERVING_S + 60 )) $PY -m pytest "${COMMON[@]}" --moeperf-deadline "$SERVING_S" \
+    suites/serving suites/specdecode -k "gpu-tiny-tp2" \
+    --moeperf-report "$OUT/serving.json" >"$OUT/serving.log" 2>&1
+note "serving: rc=$? ($(tail -n 1 "$OUT/serving.log"))"
+tar czf "$OUT/baselines.tar.gz" baselines
+note "done"
