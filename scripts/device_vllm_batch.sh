@@ -6,7 +6,10 @@
 #   3. serving + spec-decode suites on the tiny MoE TP=2 profiles, --moeperf-update            -> serving.log/.json
 #   4. the baselines it touched as a tarball                                                 -> baselines.tar.gz
 # Each pytest run has a --moeperf-deadline (remaining tests skip, the session still ends and writes its report
-# and baselines) and a hard `timeout` behind it. Env: KERNELS_S (default 90), SERVING_S (default 330), ROUNDS
+# and baselines) and a `timeout` behind it that sends SIGINT first, so pytest tears its fixtures down: the vLLM
+# servers run in sessions of their own and outlive a killed pytest (seen on 2x H200, 2026-11-30: servers left by a
+# SIGTERM-killed run were still on both GPUs in the next call, and the health gate made that call's serving
+# windows INCONCLUSIVE: "gpu0: other compute process(es) on the GPU"). Leftover servers are killed at the end. Env: KERNELS_S (default 90), SERVING_S (default 330), ROUNDS
 # (default 1; more rounds need more time than one device call has), PYTHON (default python3).
 set -u
 cd "$(dirname "$0")/.."
@@ -21,14 +24,15 @@ $PY -m pytest_moeperf.cli topology >>"$OUT/topology.txt" 2>&1
 $PY -c 'import vllm; print("vllm", vllm.__version__)' >>"$OUT/topology.txt" 2>&1 || { note "vLLM does not import"; exit 3; }
 COMMON=(-p no:cacheprovider -q -rs --moeperf-history off --moeperf-update --moeperf-rounds "$ROUNDS")
 note "kernels"
-timeout -k 10 $(( KERNELS_S + 40 )) $PY -m pytest "${COMMON[@]}" --moeperf-deadline "$KERNELS_S" \
+timeout -s INT -k 30 $(( KERNELS_S + 40 )) $PY -m pytest "${COMMON[@]}" --moeperf-deadline "$KERNELS_S" \
     suites/allreduce suites/gemm/test_gemm.py -k "vllm_custom or (kimi and (routed_moe or marlin))" \
     --moeperf-report "$OUT/kernels.json" >"$OUT/kernels.log" 2>&1
 note "kernels: rc=$? ($(tail -n 1 "$OUT/kernels.log"))"
 note "serving"
-timeout -k 10 $(( SERVING_S + 60 )) $PY -m pytest "${COMMON[@]}" --moeperf-deadline "$SERVING_S" \
+timeout -s INT -k 30 $(( SERVING_S + 60 )) $PY -m pytest "${COMMON[@]}" --moeperf-deadline "$SERVING_S" \
     suites/serving suites/specdecode -k "gpu-tiny-tp2" \
     --moeperf-report "$OUT/serving.json" >"$OUT/serving.log" 2>&1
 note "serving: rc=$? ($(tail -n 1 "$OUT/serving.log"))"
+pkill -f vllm.entrypoints.openai.api_server 2>/dev/null && note "killed leftover vLLM servers"
 tar czf "$OUT/baselines.tar.gz" baselines
 note "done"
