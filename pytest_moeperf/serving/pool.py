@@ -1,8 +1,10 @@
 """The servers of a session on one box: at most what fits runs at once.
 
 A launched server occupies GPUs and a share of each one's memory (its ``--gpu-memory-utilization``); the shares
-on one GPU may sum to at most :data:`GPU_SHARE_BUDGET`. On CPU one server runs at a time: on a small shared box
-two would only fight for the cores. Starting a profile that does not fit stops the least recently used servers
+on one GPU may sum to at most :data:`GPU_SHARE_BUDGET`. On CPU at most :data:`CPU_SERVERS` run at once: a
+reference and a candidate, so a speedup alternates windows on the same prompts instead of restarting servers
+(a vLLM CPU server takes 100-180 s to start on 2 cores; an idle one takes no measurable CPU, and only one serves
+at a time). Starting a profile that does not fit stops the least recently used servers
 until it does (``CUDA_VISIBLE_DEVICES`` pins each server to the GPUs it was given). Attached servers (attach
 mode) are somebody else's: never started, stopped or counted.
 """
@@ -25,7 +27,7 @@ __all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "pin_gpus
 log = logging.getLogger("pytest_moeperf.serving")
 
 GPU_SHARE_BUDGET = 0.9
-CPU_SERVERS = 1
+CPU_SERVERS = 2  # each tiny-model server holds VLLM_CPU_KVCACHE_SPACE (1 GiB) of KV cache
 
 
 class ServeSkip(Exception):

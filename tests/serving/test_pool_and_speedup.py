@@ -34,17 +34,18 @@ def test_gpu_shares_sum_to_at_most_the_budget_per_gpu() -> None:
     assert place(gpu("tp2", 2, 0.2), [], 1) is None
 
 
-def test_cpu_runs_one_server_at_a_time() -> None:
+def test_cpu_runs_at_most_a_reference_and_a_candidate() -> None:
     cpu = PROFILES["cpu-tiny-nospec"]
     assert place(cpu, [], 0) == Placement((), 0.0)
-    assert place(cpu, [Placement((), 0.0)], 0) is None
+    assert place(cpu, [Placement((), 0.0)], 0) == Placement((), 0.0)
+    assert place(cpu, [Placement((), 0.0)] * 2, 0) is None
 
 
 def test_which_pairs_fit_together_on_which_box(tmp_path: Path) -> None:
     def pool(gpus: int) -> ServerPool:
         return ServerPool(PROFILES, timeout_s=1.0, gpu_count=gpus, model_cache=tmp_path, log_dir=tmp_path)
 
-    assert not pool(0).fits_together("cpu-tiny-nospec", "cpu-tiny-ngram")  # -> A-B-A on the CPU box
+    assert pool(0).fits_together("cpu-tiny-nospec", "cpu-tiny-ngram")  # alternating windows on the CPU box
     assert pool(1).fits_together("gpu-tiny-tp1-nospec", "gpu-tiny-tp1-eagle3")  # 0.2 + 0.2 on one H200
     assert pool(2).fits_together("gpu-tiny-tp2-nospec", "gpu-tiny-tp2-ngram")
     assert not pool(8).fits_together("kimi-k25-tp8-nospec", "kimi-k25-tp8-ngram")  # 0.92 each
