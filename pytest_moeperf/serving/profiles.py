@@ -55,14 +55,15 @@ class SpecThresholds:
 
 @dataclass(frozen=True)
 class Tolerances:
-    """Relative regression tolerances per metric family for this profile's box (its noise); None defers to
-    the ``moeperf_threshold`` marker, the CLI/ini tolerance or the default."""
+    """Minimum effects per metric family (the smallest relative change worth failing for; the noise comes from
+    the baseline's rounds, not from here); None defers to the ``moeperf_threshold`` marker, the CLI/ini
+    tolerance or the default (5 %)."""
 
     latency: float | None = None  # TPOT, ITL, E2EL
-    ttft: float | None = None  # queueing makes it the noisiest latency
+    ttft: float | None = None
     throughput: float | None = None
     acceptance: float | None = None
-    speedup: float | None = None  # a ratio of two TPOTs: about the noise of both
+    speedup: float | None = None
 
 
 @dataclass(frozen=True)

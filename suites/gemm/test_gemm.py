@@ -41,16 +41,9 @@ CPU_OP_MS = {"shared_gate_up": (1, 8, 32), "shared_down": (1, 8, 32), "gate_up":
              gemm.FUSED_MOE_OP: (1,)}
 CPU_QUICK_MS = (1,)
 
-#: Relative tolerance of CPU metrics. CPU samples are thread CPU time (see gemm.CPU_CLOCK); on the shared 2-core
-#: CI box three A/A runs against one baseline moved medians by a median 7-12 %, at most -15 % / +51 % (the 56-expert
-#: M=8 cases, whose 0.4-0.8 GB working set competes for memory bandwidth with other jobs).
-CPU_TOLERANCE = 0.75
-#: Relative tolerances on GPU, from an A/A pair of full runs on the 2x H200 (224 cases): decode cases (M <= 128)
-#: moved by a median 0.2 %, at most 9.9 % (fused_qkv_a M=1, 12.3 -> 13.6 us); cases with M >= 256 follow the SM
-#: clock and moved by up to 16 % (prefill M=2048) and 11 % (M=256).
-GPU_DECODE_TOLERANCE = 0.15
-GPU_COMPUTE_TOLERANCE = 0.25
-GPU_COMPUTE_MIN_M = 256
+# No tolerance constants: every metric is judged against the noise its baseline learned from independent rounds
+# (--moeperf-rounds) with the default minimum effect (--moeperf-tolerance, 5 %). The old family constants (CPU 75 %,
+# GPU decode 15 %, GPU M >= 256 25 %) let a real 5-10 % regression pass on every box.
 
 
 def _cases() -> list[object]:
@@ -96,17 +89,12 @@ def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_s
         threads=timed.threads, clock=gemm_measure.CPU_CLOCK_NAME if gemm_device == "cpu" else "cuda_graph_events",
         rel_err=float(f"{timed.rel_err:.3g}"),
     )
-    if gemm_device == "cpu":
-        tol = CPU_TOLERANCE
-    else:
-        tol = GPU_COMPUTE_TOLERANCE if m >= GPU_COMPUTE_MIN_M else GPU_DECODE_TOLERANCE
     samples = timed.samples
     wbytes = problem.weight_bytes(impl)
-    perf.record("time", samples, unit="us", better="lower", tolerance=tol)
-    perf.record("tflops", [problem.flops / (t * 1e6) for t in samples], unit="TFLOP/s", better="higher",
-                tolerance=tol)
+    perf.record("time", samples, unit="us", better="lower")
+    perf.record("tflops", [problem.flops / (t * 1e6) for t in samples], unit="TFLOP/s", better="higher")
     gbps = [wbytes / (t * 1e3) for t in samples]
-    perf.record("weight_gbps", gbps, unit="GB/s", better="higher", tolerance=tol)
+    perf.record("weight_gbps", gbps, unit="GB/s", better="higher")
     if device_spec.has_roofline:
         pct = [roofline_pct(g * 1e9, device_spec) or 0.0 for g in gbps]
-        perf.record("roofline_pct", pct, unit="%", better="higher", tolerance=tol)
+        perf.record("roofline_pct", pct, unit="%", better="higher")

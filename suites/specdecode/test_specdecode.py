@@ -28,9 +28,10 @@ from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.speedup import PairResult, measure_pair
 from pytest_moeperf.settings import Settings
 
-# Per-request latencies spread with the workload (queueing, prompt mix), not with run-to-run noise: judge them
-# against the profile's tolerance (chosen from an A/A rerun on that box), not against a multiple of their IQR.
-pytestmark = [pytest.mark.specdecode, pytest.mark.moeperf_threshold(noise_k=0.0)]
+# A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from
+# independent rounds (on 2 shared CPU cores client TTFT is bimodal between rounds: 21 ms or 230 ms), whichever is
+# larger; per-request spread within one window is not run-to-run noise and sets no threshold once 3 runs are stored.
+pytestmark = pytest.mark.specdecode
 
 PROMPTS = Path(__file__).parent / "prompts" / "repetitive.json"
 

@@ -18,7 +18,8 @@ from pytest_moeperf.kernels.models import (
     spec_from_config_file,
 )
 
-# Kimi-K2 text config keys as published (values from FACTS.md); K2.5 nests them under text_config.
+# Kimi-K2 text config keys as published in the model's config.json (hidden 7168, 61 layers, 384 experts top-8,
+# MLA q_lora 1536 / kv_lora 512); K2.5 nests them under text_config.
 KIMI_TEXT_CONFIG = {
     "model_type": "kimi_k2",
     "hidden_size": 7168,
@@ -117,7 +118,7 @@ def test_flat_config_equals_nested(tmp_path: Path) -> None:
 
 
 def test_gqa_moe_config(tmp_path: Path) -> None:
-    # The tiny Qwen3-MoE model of FACTS.md.
+    # The tiny Qwen3-MoE model the serving suites generate (pytest_moeperf/serving/tinymodel.py).
     config = {
         "architectures": ["Qwen3MoeForCausalLM"],
         "vocab_size": 512, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
