@@ -22,6 +22,7 @@ class Perf:
         self._records: list[Measurement] = []
         self._earlier: list[tuple[Measurement, ...]] = []  # the records of earlier rounds (confirmation re-runs)
         self._simulated_from = simulated_from
+        self._unusable: dict[str, None] = {}  # why a round's measurement cannot decide anything (ordered, unique)
 
     @property
     def records(self) -> tuple[Measurement, ...]:
@@ -37,6 +38,17 @@ class Perf:
         """Start another round of the same test (a confirmation re-run): the metrics may be recorded again."""
         self._earlier.append(self.records)
         self._records = []
+
+    @property
+    def unusable(self) -> tuple[str, ...]:
+        """Why some round of this test measured nothing that can decide a verdict (see `inconclusive`)."""
+        return tuple(self._unusable)
+
+    def inconclusive(self, reason: str) -> None:
+        """Declare this round's window degenerate (e.g. the measurement apparatus disturbed what it measured):
+        every metric of the test is INCONCLUSIVE with ``reason``, shown but never PASS/REGRESSED, and not written
+        to the baselines."""
+        self._unusable[reason] = None
 
     def context(self, **values: JSONScalar) -> None:
         """Attach facts (shape, dtype, backend, …) to every metric this test records from now on."""

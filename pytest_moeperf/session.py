@@ -177,7 +177,9 @@ class MoePerfSession:
         if rep.when != "call" or perf is None or not any(perf.rounds):
             return rep
         health: HealthReport | None = item.stash.get(health_key, None)
-        unhealthy = health is not None and not health.ok
+        why_not = [f"health: {'; '.join(health.reasons)}"] if health is not None and not health.ok else []
+        why_not += [f"window: {reason}" for reason in perf.unusable]
+        unhealthy = bool(why_not)
         payload: list[dict[str, Any]] = []
         regressed: list[str] = []
         broken: dict[str, None] = {}  # unusable baseline files and bad arguments, each named once
@@ -189,8 +191,7 @@ class MoePerfSession:
                 broken[str(exc)] = None
                 continue
             if unhealthy:
-                assert health is not None
-                verdict = inconclusive(verdict, "health: " + "; ".join(health.reasons))
+                verdict = inconclusive(verdict, "; ".join(why_not))
             payload.append({"measurement": rounds[-1].to_json(), "rounds": [list(m.samples) for m in rounds],
                             "verdict": verdict.to_json(), "passed": rep.passed and not unhealthy,
                             "health": None if health is None else {"ok": health.ok, "reasons": list(health.reasons),

@@ -4,12 +4,13 @@ Every function returns *per-call* times in microseconds, one float per sample, s
 straight to ``perf.record(name, samples, unit="us")``.
 
 GPU method (the one that matters: on two H200s an eager, host-timed loop of a 14 KB all-reduce came out ~3x the
-CUDA-graph-replay figure; nccl-tests agree with the graph figure within 2.3 %): capture ``calls_per_graph`` back-to-back calls of ``fn`` into one
-CUDA graph on a side stream, replay it ``replays`` times with a pair of events around each replay, and synchronise
-once at the end. Host launch overhead and Python are out of the figure; what is left is what the device spends per
-call when calls follow each other, as in a captured decode step. To measure cold weights (decode reads every weight
-once per step), make ``fn`` rotate through enough copies of its operands that the working set exceeds the last-level
-cache: :func:`rotation_copies` says how many, :func:`cycle` turns the per-copy callables into one ``fn``.
+CUDA-graph-replay figure; nccl-tests agree with the graph figure within 2.3 %): capture ``calls_per_graph`` back-to-
+back calls of ``fn`` into one CUDA graph on a side stream, replay it ``replays`` times with a pair of events around
+each replay, and synchronise once at the end. Host launch overhead and Python are out of the figure; what is left is
+what the device spends per call when calls follow each other, as in a captured decode step. To measure cold weights
+(decode reads every weight once per step), make ``fn`` rotate through enough copies of its operands that the working
+set exceeds the last-level cache: :func:`rotation_copies` says how many, :func:`cycle` turns the per-copy callables
+into one ``fn``.
 
 torch is imported lazily so that importing this module never needs a GPU or a particular torch build.
 """

