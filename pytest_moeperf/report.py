@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pytest_moeperf.records import Section
@@ -178,4 +178,23 @@ def benchmark_metrics(document: Any) -> list[tuple[str, str, str, dict[str, Any]
         info = b.get("extra_info", {})
         out.append((str(b.get("fullname", "")), str(info.get("metric", "")), str(info.get("unit", "")),
                     dict(b.get("params") or {}), float(b["stats"]["median"])))
+    return out
+
+
+def junit_properties(verdicts: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``moeperf:<metric>`` → ``<verdict> current <median> <unit>; baseline …; change …; mde …`` for --junitxml."""
+    out = []
+    for v in verdicts:
+        parts = [v["status"]]
+        if v.get("current"):
+            parts.append(f"current {v['current']['median']:.6g} {v['unit']}")
+        if isinstance(v.get("reference"), (int, float)):
+            parts.append(f"baseline {v['reference']:.6g} {v['unit']} ({v.get('runs', 0)} run(s))")
+        if isinstance(v.get("change"), (int, float)):
+            parts.append(f"change {v['change'] * 100:+.2f} %")
+        if isinstance(v.get("allowed"), (int, float)):
+            parts.append(f"mde {v['allowed'] * 100:.2f} %")
+        if v.get("reason"):
+            parts.append(str(v["reason"]))
+        out.append((f"moeperf:{v['name']}", "; ".join(parts)))
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -72,25 +72,6 @@ def software_changes(baseline: BaselineEntry | None, current: dict[str, str]) ->
     changed = [f"{k} {before.get(k, '-')} -> {current.get(k, '-')}" for k in sorted(set(before) | set(current))
                if before.get(k) != current.get(k)]
     return ("software changed since the baseline: " + ", ".join(changed)) if changed else ""
-
-
-def junit_properties(verdicts: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
-    """``moeperf:<metric>`` → ``<verdict> current <median> <unit>; baseline …; change …; mde …`` for --junitxml."""
-    out = []
-    for v in verdicts:
-        parts = [v["status"]]
-        if v.get("current"):
-            parts.append(f"current {v['current']['median']:.6g} {v['unit']}")
-        if isinstance(v.get("reference"), (int, float)):
-            parts.append(f"baseline {v['reference']:.6g} {v['unit']} ({v.get('runs', 0)} run(s))")
-        if isinstance(v.get("change"), (int, float)):
-            parts.append(f"change {v['change'] * 100:+.2f} %")
-        if isinstance(v.get("allowed"), (int, float)):
-            parts.append(f"mde {v['allowed'] * 100:.2f} %")
-        if v.get("reason"):
-            parts.append(str(v["reason"]))
-        out.append((f"moeperf:{v['name']}", "; ".join(parts)))
-    return out
 
 
 class MoePerfSession:
@@ -201,10 +182,10 @@ class MoePerfSession:
                 changes = software_changes(baseline, self.topology.software)
                 regressed.append(line + (f"\n  {changes}" if changes else ""))
             lines.append(line)
-        # one compact JSON property carries the results to the controller (xdist) and into --junitxml; one readable
-        # property per metric shows value, baseline, change and verdict in CI systems that read JUnit XML
+        # the results travel to the controller (xdist) in the call report; --junitxml writes the item's properties
+        # (with the teardown report): one readable property per metric there
         rep.user_properties.append((PROPERTY, json.dumps(payload, separators=(",", ":"), sort_keys=True)))
-        rep.user_properties.extend(junit_properties(entry["verdict"] for entry in payload))
+        item.user_properties.extend(report.junit_properties(entry["verdict"] for entry in payload))
         # under --moeperf-update a regression is reported, not failed; a --moeperf-rounds child leaves the
         # verdict to its parent, which judges all rounds together
         judged_here = not (self.settings.update or self.settings.round_of)
