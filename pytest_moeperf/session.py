@@ -265,12 +265,13 @@ class MoePerfSession:
         return info
 
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
         if hasattr(self.config, "workerinput"):
             return  # an xdist worker: the controller stores and reports
-        stopped = (session.exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        # the hook's exitstatus, not session.exitstatus: a collection-only session (pytester.getitem) has none
+        stopped = (exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
                    or bool(session.shouldstop) or bool(session.shouldfail))
-        if self.finish(stopped=stopped) and session.exitstatus == pytest.ExitCode.OK:
+        if self.finish(stopped=stopped) and exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def finish(self, stopped: bool) -> bool:

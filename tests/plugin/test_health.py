@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,6 +17,10 @@ import pytest
 
 from pytest_moeperf.health import BAD_REASONS, HealthLimits, foreign_cpu, judge_gpus, judge_host
 from pytest_moeperf.health_probes import GpuSample, HostSample, NvmlProbe, process_tree, sample_host
+
+#: load the plugin from the checkout unless it is installed (its pytest11 entry point registers it then)
+PLUGIN: tuple[str, ...] = () if any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(
+    group="pytest11")) else ("-p", "pytest_moeperf.plugin")
 
 pytest.importorskip("psutil")
 
@@ -218,6 +223,7 @@ import json
 import pytest
 from pytest_moeperf.health_record import health_key
 
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item, call):
     if call.when == "call":
@@ -232,7 +238,7 @@ def run_health_session(pytester: pytest.Pytester, *args: str) -> dict[str, Any]:
     """A separate pytest process, so busy loops started by this test are outside its process tree."""
     pytester.makepyfile(test_perf=PERF_TEST)
     pytester.makeconftest(DUMP_HEALTH)
-    result = pytester.runpytest_subprocess("-p", "pytest_moeperf.plugin", "-p", "no:cacheprovider",
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider",
                                            "--moeperf-baselines", str(pytester.path / "baselines"), *args,
                                            timeout=300)
     assert result.ret in (0, 1), result.stdout.str()
@@ -267,22 +273,22 @@ def test_health_off_registers_no_gate(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_perf=PERF_TEST.replace("1.0)", "0.0)", 1))
     pytester.makeconftest(DUMP_HEALTH)
     pytester.makeini("[pytest]\nmoeperf_health = off\n")
-    result = pytester.runpytest("-p", "pytest_moeperf.plugin", "-p", "no:cacheprovider")
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert json.loads((pytester.path / "health.json").read_text()) is None
 
 
 def test_bad_threshold_values_are_usage_errors(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("-p", "pytest_moeperf.plugin", "--moeperf-health-foreign-cores", "lots")
+    result = pytester.runpytest(*PLUGIN, "--moeperf-health-foreign-cores", "lots")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*expected a number of cores such as 0.5, got 'lots'*"])
     pytester.makeini("[pytest]\nmoeperf_health_steal = 150\n")
-    result = pytester.runpytest("-p", "pytest_moeperf.plugin")
+    result = pytester.runpytest(*PLUGIN)
     result.stderr.fnmatch_lines(["*moeperf_health_steal: a percentage is in [[]0, 100], got 150.0*"])
 
 
 def test_help_shows_the_health_and_placement_options(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("-p", "pytest_moeperf.plugin", "--help")
+    result = pytester.runpytest(*PLUGIN, "--help")
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*--moeperf-health=on|off*", "*--moeperf-health-foreign-cores=CORES*",
                                  "*--moeperf-health-steal=PCT*", "*--moeperf-share-gpus*"])
@@ -292,7 +298,7 @@ def test_without_psutil_the_gate_is_off_and_says_so(pytester: pytest.Pytester, m
     monkeypatch.setitem(sys.modules, "psutil", None)  # a base install: only pytest
     pytester.makepyfile(test_perf=PERF_TEST.replace("1.0)", "0.0)", 1))
     pytester.makeconftest(DUMP_HEALTH)
-    result = pytester.runpytest("-p", "pytest_moeperf.plugin", "-p", "no:cacheprovider")
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["moeperf: health gate off: psutil is not installed (pip install psutil)"])
     assert json.loads((pytester.path / "health.json").read_text()) is None

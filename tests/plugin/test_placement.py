@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,10 @@ from pytest_moeperf.placement import (
     worker_slot,
 )
 from pytest_moeperf.session import perf_key
+
+#: load the plugin from the checkout unless it is installed (its pytest11 entry point registers it then)
+PLUGIN: tuple[str, ...] = () if any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(
+    group="pytest11")) else ("-p", "pytest_moeperf.plugin")
 
 
 # --------------------------------------------------------------------------------------------- pure rules
@@ -110,7 +115,7 @@ def test_gpu_locks_are_exclusive_across_open_files(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------- sessions
 def run_xdist(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     pytest.importorskip("xdist")
-    return pytester.runpytest_subprocess("-p", "pytest_moeperf.plugin", "-p", "no:cacheprovider",
+    return pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider",
                                          "--moeperf-topology", "2x-h200-nvlink", *args, timeout=300)
 
 
@@ -127,6 +132,7 @@ def test_more_workers_than_gpus_is_refused_with_the_way_out(pytester: pytest.Pyt
 ENV_TESTS = """
 import json, os, time
 import pytest
+
 
 def write(worker_id, name):
     time.sleep(0.3)
@@ -187,6 +193,6 @@ def test_a_cpu_only_box_places_nothing(pytester: pytest.Pytester, monkeypatch: p
     """)
     topo = pytester.path / "cpu.json"
     topo.write_text(json.dumps({"schema": 1, "gpus": [], "links": []}))
-    result = pytester.runpytest_subprocess("-p", "pytest_moeperf.plugin", "-p", "no:cacheprovider",
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider",
                                            "--moeperf-topology", str(topo), "-n", "3", timeout=300)
     result.assert_outcomes(passed=1)
