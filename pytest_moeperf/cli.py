@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("budget", help="decode-step time budget from measured GEMMs and all-reduces", add_help=False)
     history_cli.add_subcommands(sub)
     sub.add_parser("attribute", help="per-component decode-step time from a vLLM profiler trace", add_help=False)
+    sub.add_parser("serve", help="start the vLLM server a serve profile describes, until interrupted",
+                   add_help=False)
     return parser
 
 
@@ -117,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf.attribution.cli import main_attribute
 
         return main_attribute(args_list[1:])
+    if args_list[:1] == ["serve"]:
+        from pytest_moeperf.serving.cli import main_serve
+
+        return main_serve(args_list[1:])
     args = build_parser().parse_args(args_list)
     return int(args.func(args))
 

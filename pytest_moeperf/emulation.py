@@ -10,13 +10,14 @@ suffix) so they never mix with native baselines, and :func:`check` refuses an em
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 
 from pytest_moeperf.topology import Topology
 
-__all__ = ["EMULATIONS", "Emulation", "check", "emulation_env", "get", "keyed_slug", "label", "names"]
+__all__ = ["EMULATIONS", "Emulation", "apply", "check", "emulation_env", "get", "keyed_slug", "label", "names"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +90,30 @@ def label(name: str | None) -> str:
 def keyed_slug(slug: str, name: str | None) -> str:
     """``2x-h200-nvlink`` → ``2x-h200-nvlink+pcie-no-p2p`` under that emulation."""
     return slug + label(name)
+
+
+def apply(name: str | None, topology: Topology,
+          environ: MutableMapping[str, str] | None = None) -> tuple[Topology, Callable[[], None]]:
+    """Run this process (and every process it starts: all-reduce ranks, vLLM servers) under emulation ``name``.
+
+    Returns the topology labelled with the emulation (its fingerprint slug and hash change, so baselines are
+    keyed apart) and a function that puts the environment back. ``None``: nothing changes. Raises
+    ``ValueError`` with :func:`check`'s reason where the emulation is refused.
+    """
+    env = os.environ if environ is None else environ
+    if name is None:
+        return topology, lambda: None
+    reason = check(name, topology, env)
+    if reason is not None:
+        raise ValueError(reason)
+    saved = {k: env.get(k) for k in EMULATIONS[name].env}
+    env.update(EMULATIONS[name].env)
+
+    def restore() -> None:
+        for key, value in saved.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+
+    return dataclasses.replace(topology, emulation=name), restore

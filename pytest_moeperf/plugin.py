@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import pytest
 
+from pytest_moeperf import emulation as emulation_mod
 from pytest_moeperf import health as health_mod
 from pytest_moeperf import hookspec, markers, rounds
 from pytest_moeperf import placement as placement_mod
@@ -50,11 +51,26 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     if not rounds.is_parent(config, settings.rounds, settings.round_of):
         return None
     config.stash[settings_key] = settings
+    topo = _session_topology(config, settings)
+    try:
+        return rounds.run(config, MoePerfSession(config, settings, topo))
+    finally:
+        config.stash[restore_env_key]()
+
+
+def _session_topology(config: pytest.Config, settings: Settings) -> Topology:
+    """The topology from the hook, under ``--moeperf-interconnect-emulation`` when one is asked for (its NCCL
+    variables are set in this process's environment until `pytest_unconfigure`)."""
     try:
         topo = config.hook.pytest_moeperf_topology(config=config)
     except TopologyError as exc:
         raise pytest.UsageError(f"--moeperf-topology: {exc}") from None
-    return rounds.run(config, MoePerfSession(config, settings, topo))
+    try:
+        topo, restore = emulation_mod.apply(settings.emulation, topo)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--moeperf-interconnect-emulation: {exc}") from None
+    config.stash[restore_env_key] = restore
+    return topo
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,10 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in PLUGIN_MODULES:
         if not config.pluginmanager.has_plugin(name):
             config.pluginmanager.register(importlib.import_module(name), name)
-    try:
-        topo = config.hook.pytest_moeperf_topology(config=config)
-    except TopologyError as exc:
-        raise pytest.UsageError(f"--moeperf-topology: {exc}") from None
+    topo = _session_topology(config, settings)
     placed = placement_mod.install(config, topo.gpu_count, settings.share_gpus)
     limits = health_mod.HealthLimits(settings.health_foreign_cores, settings.health_steal_pct)
     health_mod.install(config, limits if settings.health else None, placement_mod.session_roots(placed),
@@ -81,6 +94,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 settings_key = pytest.StashKey[Settings]()
 started_key = pytest.StashKey[float]()
+restore_env_key = pytest.StashKey[Callable[[], None]]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    config.stash.get(restore_env_key, lambda: None)()
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -110,7 +128,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     topo = state.topology
     gpus = f"{topo.gpu_count}x {topo.gpus[0].name}" if topo.gpus else "no GPU"
     return [f"moeperf: {state.fingerprint.slug} (hash {state.fingerprint.hash}), {gpus}, "
-            f"interconnect {topo.interconnect}{', simulated' if topo.simulated else ''}; "
+            f"interconnect {topo.interconnect}{', simulated' if topo.simulated else ''}"
+            f"{f' under emulation {topo.emulation}' if topo.emulation else ''}; "
             f"baselines {state.store.directory}{' (update)' if state.settings.update else ''}"]
 
 

@@ -113,6 +113,19 @@ def parse_server_urls(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def parse_emulation(text: str) -> str | None:
+    """An interconnect emulation name (``emulation.py``), or ``none``."""
+    from pytest_moeperf import emulation
+
+    name = text.strip().lower()
+    if name in ("", "none", "off"):
+        return None
+    if name not in emulation.EMULATIONS:
+        raise argparse.ArgumentTypeError(f"unknown interconnect emulation {text!r}; known: "
+                                         f"{', '.join(emulation.names())}, none")
+    return name
+
+
 def parse_dirs(text: str) -> tuple[Path, ...]:
     """Directories separated by os.pathsep (or one per ini line)."""
     import os
@@ -191,6 +204,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("profiles", "profile_dirs", "directories of serve profiles (*.json) the serving and spec-decode suites "
            "run (repeatable, or os.pathsep-separated)", "DIR", parse_dirs, (Path("suites/serving/profiles"),),
            repeat=True),
+    Option("interconnect-emulation", "emulation", "take NVLink (pcie-no-p2p) or also host shared memory "
+           "(pcie-socket) away from NCCL in the all-reduce ranks and launched servers, as a labelled stand-in for a "
+           "PCIe box without peer-to-peer; baselines are keyed apart (<slug>+NAME)", "NAME|none", parse_emulation,
+           None),
 )
 
 #: Set by a ``--moeperf-rounds`` parent in each child's environment: the round ("i/N"); the child writes no
@@ -225,6 +242,7 @@ class Settings:
     share_gpus: bool
     history: str | Path | None = None
     html: Path | None = None
+    emulation: str | None = None
     round_of: str | None = None  # "i/N" in a --moeperf-rounds child
 
 

@@ -87,6 +87,7 @@ class Topology:
     cuda_version: str | None = None
     software: dict[str, str] = field(default_factory=dict)
     source: str = "probe"
+    emulation: str | None = None  # an interconnect emulation this session runs under (``emulation.py``)
 
     @property
     def simulated(self) -> bool:
@@ -127,6 +128,7 @@ class Topology:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("source")
+        data.pop("emulation")  # a property of the session, not of the box
         for gpu in data["gpus"]:
             gpu["compute_capability"] = list(gpu["compute_capability"])
         data["schema"] = SCHEMA
@@ -165,6 +167,9 @@ def fingerprint(topo: Topology) -> Fingerprint:
         slug = f"cpu-{topo.host.arch}-{topo.host.cores}c"
         facts = {"cpu": topo.host.cpu_model, "cores": topo.host.cores,
                  "memory_gib": round(topo.host.memory_bytes / 2**30)}
+    if topo.emulation:  # results under an emulation are not the box's own: they are keyed apart
+        slug += f"+{topo.emulation}"
+        facts["emulation"] = topo.emulation
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:10]
     return Fingerprint(slug=re.sub(r"[^a-z0-9+.-]+", "-", slug.lower()), hash=digest, facts=facts)
 

@@ -18,7 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_moeperf.serving.profiles import TINY_DRAFT, TINY_EAGLE3, TINY_MOE, ServeProfile, launch_blocker
+from pytest_moeperf.serving.profiles import (
+    KIMI_SHAPED,
+    TARGETS,
+    TINY_DRAFT,
+    TINY_EAGLE3,
+    TINY_MOE,
+    ServeProfile,
+    launch_blocker,
+)
 from pytest_moeperf.serving.served import Served, vocab_size_of
 from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, ServerStartError, free_port
 
@@ -159,19 +167,34 @@ class ServerPool:
             log.info("stopping %s to make room for %s", victims[0], profile.name)
             self.stop(victims[0])
 
-    def _generated(self) -> dict[str, str]:
-        from pytest_moeperf.serving.tinymodel import ensure_tiny_eagle3, ensure_tiny_model, tiny_draft_spec
+    def _generated(self, target: str) -> dict[str, str]:
+        from pytest_moeperf.serving.tinymodel import (
+            ensure_tiny_eagle3,
+            ensure_tiny_model,
+            kimi_rank_shaped_spec,
+            tiny_draft_spec,
+        )
 
+        if target == KIMI_SHAPED:
+            return {KIMI_SHAPED: str(ensure_tiny_model(self.model_cache, kimi_rank_shaped_spec()))}
         return {
             TINY_MOE: str(ensure_tiny_model(self.model_cache)),
             TINY_DRAFT: str(ensure_tiny_model(self.model_cache, tiny_draft_spec())),
             TINY_EAGLE3: str(ensure_tiny_eagle3(self.model_cache)),
         }
 
+    def launch(self, profile: ServeProfile) -> Served:
+        """Start ``profile``'s server outside the pool's bookkeeping (``moeperf serve``); the caller stops it."""
+        spot = place(profile, [], self.gpu_count)
+        if spot is None:
+            raise ServeSkip(f"profile {profile.name!r} needs {profile.gpus_needed} GPU(s), this box has "
+                            f"{self.gpu_count}")
+        return self._launch(profile, spot)
+
     def _launch(self, profile: ServeProfile, spot: Placement) -> Served:
-        generated = self._generated() if profile.model == TINY_MOE else {}
-        if profile.model == TINY_MOE:
-            model = generated[TINY_MOE]
+        generated = self._generated(profile.model) if profile.model in TARGETS else {}
+        if profile.model in TARGETS:
+            model = generated[profile.model]
             vocab = vocab_size_of(Path(model))
         else:
             local = Path(profile.model)

@@ -22,6 +22,8 @@ from typing import Any
 
 __all__ = [
     "GENERATED_MODELS",
+    "KIMI_SHAPED",
+    "TARGETS",
     "ProfileError",
     "ServeProfile",
     "SpecThresholds",
@@ -35,7 +37,9 @@ __all__ = [
 TINY_MOE = "tiny-moe"
 TINY_DRAFT = "tiny-moe-draft"
 TINY_EAGLE3 = "tiny-eagle3"
-GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3)
+KIMI_SHAPED = "kimi-shaped-tp2"  # per-rank shapes of Kimi-K2.5 at TP=8, served at TP=2 (tinymodel.py)
+GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, KIMI_SHAPED)
+TARGETS = (TINY_MOE, KIMI_SHAPED)  # generated models a profile may serve (with --load-format dummy)
 VLLM_DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
 TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
@@ -114,7 +118,7 @@ class ServeProfile:
 
     @property
     def served_model_name(self) -> str:
-        return self.model if self.model != TINY_MOE else TINY_MOE
+        return self.model
 
     def argv(self, model_path: str, host: str, port: int, generated: Mapping[str, str] | None = None) -> list[str]:
         """The command line that starts this profile's server; ``generated`` maps generated model names used
@@ -139,7 +143,7 @@ class ServeProfile:
             self.dtype,
             *self.vllm_args,
         ]
-        if self.model == TINY_MOE:
+        if self.model in TARGETS:
             argv += ["--load-format", "dummy"]
         if self.speculative is not None:
             spec = dict(self.speculative)

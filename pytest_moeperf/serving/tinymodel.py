@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TinyMoeSpec", "ensure_tiny_eagle3", "ensure_tiny_model", "tiny_draft_spec"]
+__all__ = ["TinyMoeSpec", "ensure_tiny_eagle3", "ensure_tiny_model", "kimi_rank_shaped_spec", "tiny_draft_spec"]
 
 EOS = "<|endoftext|>"
 CHAT_TEMPLATE = (
@@ -92,6 +92,20 @@ class TinyMoeSpec:
 def tiny_draft_spec() -> TinyMoeSpec:
     """The tiny model's smaller sibling (one layer, same tokenizer and vocabulary): a draft model for it."""
     return TinyMoeSpec(num_hidden_layers=1)
+
+
+def kimi_rank_shaped_spec(tp: int = 2, layers: int = 8) -> TinyMoeSpec:
+    """A model whose per-rank shapes at tensor parallel ``tp`` are Kimi-K2.5's at TP=8 where it matters for a
+    decode step: hidden 7168, 384 routed experts, top-8, expert intermediate 256 per rank (2048 / 8), so the
+    routed-expert GEMMs and the all-reduce messages (batch × 7168 × 2 bytes) are the investigation's.
+
+    What differs from Kimi-K2.5: ``layers`` of 61 (weights fit; the per-step figures scale per layer), GQA
+    attention (64 query heads, 8 KV heads, head dim 128) instead of MLA, no shared expert and no dense first
+    layer, the generated 512-token vocabulary instead of 163,840 (a small LM head), bf16 dummy weights instead of
+    INT4 Marlin experts, and ``tp`` ranks instead of 8 (each all-reduce has ``tp`` participants)."""
+    return TinyMoeSpec(hidden_size=7168, num_hidden_layers=layers, num_attention_heads=64, num_key_value_heads=8,
+                       head_dim=128, num_experts=384, num_experts_per_tok=8, moe_intermediate_size=256 * tp,
+                       intermediate_size=18432)
 
 
 def eagle3_config(target: TinyMoeSpec) -> dict[str, Any]:

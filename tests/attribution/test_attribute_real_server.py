@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +19,6 @@ import pytest
 
 from pytest_moeperf.attribution.classify import COMPONENTS, OTHER
 from pytest_moeperf.attribution.cli import MAX_SUM_ERROR, main_attribute
-from pytest_moeperf.attribution.window import profiler_args
-from pytest_moeperf.serving.profiles import load_profiles
-from pytest_moeperf.serving.server import LaunchedServer, free_port
-from pytest_moeperf.serving.tinymodel import ensure_tiny_model
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or importlib.util.find_spec("hta") is None,
@@ -39,27 +39,35 @@ def test_decode_attribution(attribution):
 
 
 @pytest.fixture(scope="module")
-def profiled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LaunchedServer, Path]]:
-    profile = load_profiles(PROFILES)["cpu-tiny-nospec"]
+def profiled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The server, started the way a user starts one for attribution: ``moeperf serve PROFILE --profiler-dir``
+    (a real process; SIGTERM at the end must stop the server and exit 0)."""
     root = tmp_path_factory.mktemp("attribute")
-    model = ensure_tiny_model(root / "models")
-    traces = root / "traces"
-    port = free_port()
-    server = LaunchedServer("attribute-cpu", profile.argv(str(model), "127.0.0.1", port) + profiler_args(traces),
-                            port=port, log_path=root / "server.log", env=profile.env)
-    server.start()
+    traces, url_file = root / "traces", root / "url"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_moeperf.cli", "serve", "cpu-tiny-nospec", "--profiles", str(PROFILES),
+         "--profiler-dir", str(traces), "--url-file", str(url_file), "--model-cache", str(root / "models"),
+         "--log-dir", str(root / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        server.wait_healthy(profile.startup_timeout_s or 600.0)
-        yield server, traces
+        deadline = time.monotonic() + 600.0
+        while not url_file.is_file():
+            assert proc.poll() is None, f"moeperf serve exited with {proc.returncode}: {proc.communicate()[0]}"
+            assert time.monotonic() < deadline, "moeperf serve: no healthy server after 600 s"
+            time.sleep(1.0)
+        yield url_file.read_text().strip(), traces
     finally:
-        server.stop()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "cpu-tiny-nospec healthy after" in out and "cpu-tiny-nospec stopped" in out
 
 
-def test_cli_attributes_a_decode_window(profiled_server: tuple[LaunchedServer, Path], tmp_path: Path,
+def test_cli_attributes_a_decode_window(profiled_server: tuple[str, Path], tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    server, traces = profiled_server
+    url, traces = profiled_server
     out = tmp_path / "attribution.json"
-    rc = main_attribute(["--url", server.base_url, "--trace-dir", str(traces), "--batch", "1",
+    rc = main_attribute(["--url", url, "--trace-dir", str(traces), "--batch", "1",
                          "--decode-tokens", "6", "--max-tokens", "600", "--json", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
@@ -76,10 +84,10 @@ def test_cli_attributes_a_decode_window(profiled_server: tuple[LaunchedServer, P
 
 
 def test_fixture_records_gated_microseconds_and_reports_shares(
-        profiled_server: tuple[LaunchedServer, Path], pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+        profiled_server: tuple[str, Path], pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
         monkeypatch: pytest.MonkeyPatch) -> None:
-    server, traces = profiled_server
-    monkeypatch.setenv("MOEPERF_TEST_URL", server.base_url)
+    url, traces = profiled_server
+    monkeypatch.setenv("MOEPERF_TEST_URL", url)
     monkeypatch.setenv("MOEPERF_TEST_TRACES", str(traces))
     pytester.makepyfile(test_attr=FIXTURE_TEST)
     report = pytester.path / "report.json"

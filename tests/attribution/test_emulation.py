@@ -67,3 +67,49 @@ def test_label_keys_baselines_apart(h200x2: Topology) -> None:
     assert emulation.keyed_slug(slug, None) == slug
     keys = {emulation.keyed_slug(slug, n) for n in (None, *emulation.names())}
     assert len(keys) == 3
+
+
+# ----------------------------------------------------------------------------------------- the option, end to end
+_SEES_ENV = """
+import os
+
+def test_env(topology):
+    assert os.environ.get("NCCL_P2P_DISABLE") == "1"
+    assert topology.emulation == "pcie-no-p2p"
+    assert topology.fingerprint.slug == "2x-h200-nvlink+pcie-no-p2p"
+"""
+
+
+def test_option_sets_the_nccl_environment_labels_the_key_and_restores(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)
+    pytester.makepyfile(test_emu=_SEES_ENV)
+    result = run_moeperf("--moeperf-topology", "2x-h200-nvlink", "--moeperf-interconnect-emulation", "pcie-no-p2p")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["moeperf: 2x-h200-nvlink+pcie-no-p2p (hash *under emulation pcie-no-p2p*"])
+    assert "NCCL_P2P_DISABLE" not in __import__("os").environ  # put back when the session ended
+
+
+def test_emulation_changes_the_fingerprint_hash_too(h200x2: Topology) -> None:
+    labelled = dataclasses.replace(h200x2, emulation="pcie-socket")
+    assert labelled.fingerprint.slug == "2x-h200-nvlink+pcie-socket"
+    assert labelled.fingerprint.hash != h200x2.fingerprint.hash
+    assert "emulation" not in labelled.to_json()  # a property of the session, not of the box's file
+
+
+@pytest.mark.parametrize(("topology_name", "name", "message"), [
+    ("cpu", "pcie-no-p2p", "*--moeperf-interconnect-emulation: *needs at least 2 GPUs*"),
+    ("2x-h200-nvlink", "nvlink-off", "*unknown interconnect emulation 'nvlink-off'; known: pcie-no-p2p, pcie-socket*"),
+])
+def test_refused_emulation_is_a_usage_error(pytester: pytest.Pytester, run_moeperf, topology_name: str,  # type: ignore[no-untyped-def]
+                                            name: str, message: str) -> None:
+    topo = topology_name
+    if topology_name == "cpu":
+        path = pytester.path / "cpu.json"
+        path.write_text('{"schema": 1, "gpus": [], "links": [], "host": {"cpu_model": "Test CPU", "arch": "x86_64",'
+                        ' "cores": 2, "memory_bytes": 25769803776}}')
+        topo = str(path)
+    pytester.makepyfile("def test_t():\n    pass\n")
+    result = run_moeperf("--moeperf-topology", topo, "--moeperf-interconnect-emulation", name)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])

@@ -225,3 +225,23 @@ def test_routed_impl_override_and_floor() -> None:
     assert next(r for r in floor.rows if r.op == "q_b_proj").each_us == 1.0  # dense ops stay measured
     with pytest.raises(ValueError, match="routed_impl must be one of"):
         build_budget(KIMI_K2_5, 8, 1, pieces, 10.0, routed_impl="cutlass")
+
+
+def test_a_model_with_kimis_per_rank_shapes_reuses_kimis_measurements_and_says_so() -> None:
+    from pytest_moeperf.kernels.models import spec_from_config
+    from pytest_moeperf.serving.tinymodel import kimi_rank_shaped_spec
+
+    shaped = spec_from_config(kimi_rank_shaped_spec(tp=2).config(), "kimi-shaped")
+    kimi = {s.op: s for s in rank_gemms(KIMI_K2_5, 8)}
+    pieces = [Piece("kimi-k2.5", 8, op, 1, "bf16", t, "baselines x", "", kimi[op].k, kimi[op].n)
+              for op, t in (("gate_up", 40.0), ("down", 20.0), ("router", 5.0), ("fused_qkv_a", 9.0))]
+    budget = build_budget(shaped, 2, 1, pieces, 7.0)
+    rows = {r.op: r for r in budget.rows}
+    assert rows["gate_up"].each_us == 40.0 and rows["down"].each_us == 20.0 and rows["router"].each_us == 5.0
+    assert "same per-rank shape as kimi-k2.5 TP8 gate_up (7168x512)" in rows["gate_up"].source
+    assert "fused_qkv_a" not in rows  # an MLA op the GQA model does not have
+    assert rows["qkv_proj"].each_us is None  # GQA projections: other shapes, not measured
+    # routed pieces of a model with another expert count do not cover the same experts: not reused
+    other = build_budget(spec_from_config({**kimi_rank_shaped_spec(tp=2).config(), "num_experts": 128}, "o"), 2, 1,
+                         pieces, 7.0)
+    assert {r.op: r for r in other.rows}["gate_up"].each_us is None

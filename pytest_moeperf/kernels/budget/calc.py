@@ -10,6 +10,7 @@ is a row that says "not modelled", never a silent zero.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ class Piece:
     time_us: float
     source: str = ""
     device: str = ""  # the device it was measured on (context "device"), "" when not said
+    k: int = 0  # the per-rank shape (context "k", "n"); 0 when not said
+    n: int = 0
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,31 @@ def _gemm_rows(spec: ModelSpec, tp: int, batch: int, pieces: Sequence[Piece], de
     return raw, missing
 
 
+def _same_shape(spec: ModelSpec, tp: int, own: Sequence[Piece], pieces: Sequence[Piece]) -> list[Piece]:
+    """Pieces of other models (or TP degrees) measured at one of ``spec``'s per-rank shapes at ``tp`` (same op,
+    K and N), for ops ``own`` lacks, relabelled as ``spec``'s: a model sized so its per-rank shapes are
+    another's (``kimi_rank_shaped_spec``) reuses that model's measurements. Routed-expert pieces also need the
+    same expert count and top-k (the piece covers every expert a batch touches); fused MoE pieces never move."""
+    from pytest_moeperf.kernels.models import MODELS
+
+    have = {(p.op, p.m, p.impl) for p in own}
+    out = []
+    for shape in rank_gemms(spec, tp):
+        for p in pieces:
+            if (p.op, p.k, p.n) != (shape.op, shape.k, shape.n) or (p.op, p.m, p.impl) in have or p.k == 0:
+                continue
+            if shape.component == "routed_experts":
+                other = MODELS.get(p.model)
+                if other is None or (other.n_routed_experts, other.experts_per_token) != (spec.n_routed_experts,
+                                                                                 spec.experts_per_token):
+                    continue
+            note = f"same per-rank shape as {p.model} TP{p.tp} {p.op} ({p.k}x{p.n})"
+            out.append(dataclasses.replace(p, model=spec.name, tp=tp,
+                                           source=f"{p.source}; {note}" if p.source else note))
+            have.add((p.op, p.m, p.impl))
+    return out
+
+
 def build_budget(
     spec: ModelSpec,
     tp: int,
@@ -281,8 +309,8 @@ def build_budget(
     """
     if routed_impl is not None and routed_impl not in ROUTED_IMPL_CHOICES:
         raise ValueError(f"routed_impl must be one of {', '.join(ROUTED_IMPL_CHOICES)}, got {routed_impl!r}")
-    pieces = [p for p in pieces if p.model == spec.name and p.tp == tp]
-    raw, missing = _gemm_rows(spec, tp, batch, pieces, device, routed_impl)
+    own = [p for p in pieces if p.model == spec.name and p.tp == tp]
+    raw, missing = _gemm_rows(spec, tp, batch, own + _same_shape(spec, tp, own, pieces), device, routed_impl)
     ar = allreduces_per_step(spec, tp, batch)
     if ar.count:
         if allreduce is None:

@@ -56,7 +56,8 @@ def _piece(context: Mapping[str, Any], time_us: float, source: str) -> Piece | N
         return None
     try:
         return Piece(str(context["model"]), int(context["tp"]), str(context["op"]), int(context["m"]),
-                     str(context["impl"]), float(time_us), source, str(context.get("device") or ""))
+                     str(context["impl"]), float(time_us), source, str(context.get("device") or ""),
+                     int(context.get("k") or 0), int(context.get("n") or 0))
     except (TypeError, ValueError):
         return None
 
