@@ -5,7 +5,8 @@
 #   `moeperf serve PROFILE --profiler-dir … [--interconnect-emulation E]`, then on the first plan entry the
 #   cross-check (ours vs vllm.benchmarks.serve, concurrency 1 and 16), then `moeperf attribute --url` for decode
 #   batches 1 / 8 / 32, then the server is stopped (SIGINT, then the process group).
-# Output in $OUT: attr-<profile>-<emulation>.md/.json, crosscheck-c<N>.txt, serve-*.log, topology.txt.
+# Output in $OUT: run-<profile>-<emulation>.tgz (rank 0's traces, vLLM's log, moeperf serve's log, the
+# attribution table .md/.json), crosscheck-c<N>.txt, topology.txt.
 # Env: PLAN (default below), TOTAL_S (the call's budget, default 540), BATCHES (default "1 8 32"), CROSSCHECK
 # (default 1; 0 skips it), PYTHON.
 # Seen: a tiny MoE TP=2 server is healthy in 60-100 s; each attribution window takes a few seconds.
@@ -31,10 +32,11 @@ for entry in $PLAN; do
     setsid $PY -m pytest_moeperf.cli serve "$profile" --profiler-dir "$traces" --url-file "$url_file" \
         --model-cache /tmp/moeperf-models --log-dir /tmp/serve-logs "${emu_args[@]}" >"$OUT/serve-$tag.log" 2>&1 &
     pid=$!
-    while [[ ! -s $url_file ]] && kill -0 $pid 2>/dev/null && (( $(left) > 60 )); do sleep 2; done
+    while [[ ! -s $url_file ]] && kill -0 $pid 2>/dev/null && (( $(left) > 25 )); do sleep 2; done
     if [[ ! -s $url_file ]]; then
         note "$tag: no healthy server ($(tail -n 3 "$OUT/serve-$tag.log" | tr '\n' ' '))"
-        kill -INT $pid 2>/dev/null; sleep 10; kill -KILL -- -$pid 2>/dev/null; continue
+        kill -INT $pid 2>/dev/null; sleep 10; kill -KILL -- -$pid 2>/dev/null
+        cp /tmp/serve-logs/"$profile"*.log "$OUT/vllm-$tag.log" 2>/dev/null; continue
     fi
     url=$(cat "$url_file"); note "$tag healthy: $(grep healthy "$OUT/serve-$tag.log")"
     tokenizer=$(dirname "$(ls /tmp/moeperf-models/tiny-moe-*/tokenizer.json | head -n 1)")
@@ -53,7 +55,12 @@ for entry in $PLAN; do
         --trace-dir "$traces" --batch $BATCHES --max-tokens 1024 --json "$OUT/attr-$tag.json" --markdown \
         >"$OUT/attr-$tag.md" 2>&1
     note "attribute $tag: rc=$? ($(grep -c '^|' "$OUT/attr-$tag.md") table rows)"
-    kill -INT $pid 2>/dev/null
+    # rank 0's traces, the server's log and the tables in one file per entry (at most 8 files come back);
+    # `moeperf attribute --trace` re-attributes them anywhere HolisticTraceAnalysis is installed
+    cp /tmp/serve-logs/"$profile"*.log "/tmp/vllm-$tag.log" 2>/dev/null
+    tar czf "$OUT/run-$tag.tgz" -C / $(cd / && ls -d "${traces#/}"/*rank0*.json.gz "tmp/vllm-$tag.log" 2>/dev/null) \
+        -C "$OUT" "serve-$tag.log" "attr-$tag.md" $(cd "$OUT" && ls "attr-$tag.json" 2>/dev/null)
+    [[ -s $OUT/run-$tag.tgz ]] && rm -f "$OUT/serve-$tag.log" "$OUT/attr-$tag.md" "$OUT/attr-$tag.json"    kill -INT $pid 2>/dev/null
     for _ in $(seq 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
     kill -KILL -- -$pid 2>/dev/null
     pkill -f vllm.entrypoints.openai.api_server 2>/dev/null

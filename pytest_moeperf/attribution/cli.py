@@ -53,16 +53,19 @@ def _to_json(a: Attribution) -> dict[str, Any]:
 
 
 def _from_url(args: argparse.Namespace) -> list[Attribution]:
+    """Profile every window first, then attribute: the traces are kept even when attribution fails."""
     from pytest_moeperf.attribution.window import profile_decode_window
 
-    out = []
+    windows = []
     for batch in args.batch or [1, 8, 32]:
         window = profile_decode_window(args.url, args.trace_dir, batch=batch, decode_tokens=args.decode_tokens,
                                        max_tokens=args.max_tokens, timeout_s=args.timeout)
         if args.rank >= len(window.traces):
             raise TraceError(f"window batch={batch} wrote {len(window.traces)} worker trace(s), no rank {args.rank}")
-        out.append(attribute_trace(window.traces[args.rank], batch=batch))
-    return out
+        print(f"moeperf attribute: batch {batch}: {window.chunks} chunks in {window.profiled_s:.2f} s, "
+              f"traces {', '.join(str(t) for t in window.traces)}", file=sys.stderr)
+        windows.append((batch, window.traces[args.rank]))
+    return [attribute_trace(trace, batch=batch) for batch, trace in windows]
 
 
 def main_attribute(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] = print) -> int:
