@@ -60,7 +60,8 @@ for entry in $PLAN; do
     cp /tmp/serve-logs/"$profile"*.log "/tmp/vllm-$tag.log" 2>/dev/null
     tar czf "$OUT/run-$tag.tgz" -C / $(cd / && ls -d "${traces#/}"/*rank0*.json.gz "tmp/vllm-$tag.log" 2>/dev/null) \
         -C "$OUT" "serve-$tag.log" "attr-$tag.md" $(cd "$OUT" && ls "attr-$tag.json" 2>/dev/null)
-    [[ -s $OUT/run-$tag.tgz ]] && rm -f "$OUT/serve-$tag.log" "$OUT/attr-$tag.md" "$OUT/attr-$tag.json"    kill -INT $pid 2>/dev/null
+    [[ -s $OUT/run-$tag.tgz ]] && rm -f "$OUT/serve-$tag.log" "$OUT/attr-$tag.md" "$OUT/attr-$tag.json"
+    kill -INT $pid 2>/dev/null
     for _ in $(seq 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
     kill -KILL -- -$pid 2>/dev/null
     pkill -f vllm.entrypoints.openai.api_server 2>/dev/null
