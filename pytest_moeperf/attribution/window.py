@@ -64,7 +64,9 @@ async def _consume(session: object, url: str, body: dict[str, object], state: _S
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[5:])
-                if any(c.get("text") for c in event.get("choices", [])):
+                # one chunk per decode step, text or not: a random-weight model's tokens may decode to ""
+                # (vLLM still sends the chunk, with its token ids); counting only text saw none (2x H200)
+                if event.get("choices"):
                     state.chunks += 1
                     state.first.set()
     except (TimeoutError, aiohttp.ClientError) as exc:
@@ -103,12 +105,16 @@ async def _window(base: str, trace_dir: Path, batch: int, decode_tokens: int, ma
         model = await _model(session, base)
         streams = [_Stream() for _ in range(batch)]
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                "temperature": 0.0}
+                "temperature": 0.0, "skip_special_tokens": False}
         tasks = [asyncio.create_task(_consume(session, base + "/v1/completions", body, s)) for s in streams]
         try:
             await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in streams)), timeout_s)
             _raise_errors(streams)
             await asyncio.sleep(settle_s)
+            ended = [s.chunks for s in streams if s.done.is_set()]
+            if ended:
+                raise WindowError(f"{len(ended)} of {batch} streams ended before the window (after {min(ended)} "
+                                  f"chunks): raise max_tokens ({max_tokens}) so the streams outlast it")
             await _post(session, base + "/start_profile", {"profile_prefix": f"moeperf-b{batch}"})
             t0, seen = time.monotonic(), [s.chunks for s in streams]
             while not all(s.chunks - c >= decode_tokens for s, c in zip(streams, seen, strict=True)):
@@ -119,6 +125,8 @@ async def _window(base: str, trace_dir: Path, batch: int, decode_tokens: int, ma
             await _post(session, base + "/stop_profile")
             profiled = time.monotonic() - t0
             _raise_errors(streams)
+            if chunks == 0:
+                raise WindowError(f"no decode step reached the client in the {profiled:.2f} s window")
         finally:
             for task in tasks:
                 task.cancel()
