@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,33 @@ def is_parent(config: pytest.Config, rounds: int, round_of: str | None) -> bool:
 def child_command(config: pytest.Config, report: Path) -> list[str]:
     return [sys.executable, "-m", "pytest", *config.invocation_params.args, "--moeperf-rounds", "1",
             "--moeperf-report", str(report)]
+
+
+#: Child output lines worth showing while a round runs: pytest's per-file progress ("… [ 42%]") and the serving
+#: windows' progress ("moeperf: [profile] 24/48 requests done …").
+_PROGRESS = re.compile(r"\[\s*\d+%\]\s*$|moeperf: \[")
+
+
+def _run_child(argv: list[str], config: pytest.Config, env: dict[str, str],
+               echo: Callable[[str], None] | None) -> subprocess.CompletedProcess[str]:
+    """Run one round; its progress lines are echoed (indented) as they come, all its output is kept."""
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(argv, cwd=config.invocation_params.dir, env=env, stdout=subprocess.PIPE, stderr=err,
+                                text=True)
+        out: list[str] = []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.append(line)
+                if echo is not None and _PROGRESS.search(line):
+                    echo("    " + line.strip())
+            proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, "".join(out), err.read())
 
 
 class _Writer:
@@ -64,14 +94,16 @@ def run(config: pytest.Config, state: MoePerfSession) -> int:
         for i in range(1, n + 1):
             report = Path(tmp) / f"round-{i}.json"
             writer.line(f"moeperf: round {i}/{n} ...")
+            started = time.monotonic()
             try:
-                done = subprocess.run(child_command(config, report), cwd=config.invocation_params.dir,
-                                      env={**os.environ, ROUND_ENV: f"{i}/{n}"}, capture_output=True, text=True)
+                done = _run_child(child_command(config, report), config, env={**os.environ, ROUND_ENV: f"{i}/{n}"},
+                                  echo=writer.line if config.get_verbosity() >= 0 else None)
             except KeyboardInterrupt:
                 writer.line(f"moeperf: interrupted in round {i}/{n}: nothing written", red=True)
                 return int(pytest.ExitCode.INTERRUPTED)
             lines = [line for line in done.stdout.splitlines() if line.strip()]
-            writer.line(f"moeperf: round {i}/{n}: {lines[-1].strip('= ') if lines else '(no output)'}")
+            writer.line(f"moeperf: round {i}/{n} ({time.monotonic() - started:.0f} s): "
+                        f"{lines[-1].strip('= ') if lines else '(no output)'}")
             for line in lines:
                 if line.startswith(("FAILED ", "ERROR ")):
                     writer.line(f"  {line}")

@@ -44,7 +44,7 @@ __all__ = [
 log = logging.getLogger("pytest_moeperf.serving")
 
 LivenessCheck = Callable[[], Awaitable[None]]
-Progress = Callable[[int, int, int], None]
+Progress = Callable[[int, int, int, float], None]  # done, total, failed, seconds since the window began
 
 
 class Endpoint(enum.Enum):
@@ -388,9 +388,10 @@ class _Tally:
         self.total, self.done, self.failed = total, 0, 0
         self.progress = progress
         self.step = max(1, total // 4)
+        self.started = time.monotonic()
 
     def add(self, outcome: RequestOutcome) -> None:
         self.done += 1
         self.failed += 0 if outcome.success else 1
         if self.progress is not None and (self.done % self.step == 0 or self.done == self.total):
-            self.progress(self.done, self.total, self.failed)
+            self.progress(self.done, self.total, self.failed, time.monotonic() - self.started)

@@ -15,6 +15,7 @@ Nothing here imports aiohttp, vllm, prometheus_client, transformers or tokenizer
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -130,10 +131,29 @@ def serve(
         model_cache=Path(model_cache),
         log_dir=tmp_path_factory.mktemp("vllm-logs", numbered=True),
     )
+    pool.progress_sink = progress_sink(pytestconfig)
     try:
         yield Pool(pool)
     finally:
         pool.close()
+
+
+def progress_sink(config: pytest.Config) -> Callable[[str], None] | None:
+    """Live progress of long serving windows on the terminal (requests done / total, elapsed), about four lines
+    a window, written past output capture as live logging is; none with ``-q`` or on an xdist worker (its
+    output never reaches a terminal). Lines, not a redrawn status, so non-tty output (CI logs) reads the same."""
+    if config.get_verbosity() < 0 or hasattr(config, "workerinput"):
+        return None
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if reporter is None:
+        return None
+
+    def sink(line: str) -> None:
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            reporter.write_line(f"  moeperf: {line}")
+
+    return sink
 
 
 @pytest.fixture

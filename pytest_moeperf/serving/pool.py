@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +83,7 @@ class ServerPool:
         self.gpu_count = gpu_count
         self.model_cache = model_cache
         self.log_dir = log_dir
+        self.progress_sink: Callable[[str], None] | None = None  # set by the plugin: the terminal
         self.starts: dict[str, list[float]] = {}  # seconds to healthy of every start, per profile
         self._served: dict[str, Served] = {}  # insertion order = least recently used first
         self._placement: dict[str, Placement] = {}
@@ -125,7 +126,7 @@ class ServerPool:
         if profile.attached_url is not None:
             server = AttachedServer(profile.attached_url)
             server.wait_healthy(min(self.timeout_s, 60.0))
-            fresh = Served(profile=profile, server=server, vocab_size=None)
+            fresh = Served(profile=profile, server=server, vocab_size=None, progress_sink=self.progress_sink)
         else:
             reason = launch_blocker(
                 profile, gpu_count=self.gpu_count, vllm_importable=importlib.util.find_spec("vllm") is not None
@@ -220,7 +221,8 @@ class ServerPool:
             raise
         self.starts.setdefault(profile.name, []).append(startup)
         log.info("%s healthy after %.1f s", server.describe(), startup)
-        return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup)
+        return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup,
+                      progress_sink=self.progress_sink)
 
 
 def pin_gpus(gpus: Sequence[int], visible: str | None) -> dict[str, str]:

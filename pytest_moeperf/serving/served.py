@@ -7,8 +7,8 @@ import logging
 import random
 import string
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_moeperf.serving.loadgen import (
@@ -55,6 +55,8 @@ class Served:
     server: Server
     vocab_size: int | None
     startup_s: float | None = None
+    #: where a window's progress lines go besides the log (the terminal, when the session shows progress)
+    progress_sink: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -63,8 +65,11 @@ class Served:
     def client(self, endpoint: Endpoint = Endpoint.COMPLETIONS) -> LoadGenerator:
         name = self.profile.name
 
-        def progress(done: int, total: int, failed: int) -> None:
-            log.info("[%s] %d/%d requests done, %d failed", name, done, total, failed)
+        def progress(done: int, total: int, failed: int, elapsed_s: float) -> None:
+            line = f"[{name}] {done}/{total} requests done, {failed} failed, {elapsed_s:.1f} s"
+            log.info("%s", line)
+            if self.progress_sink is not None:
+                self.progress_sink(line)
 
         return LoadGenerator(
             base_url=self.base_url,

@@ -218,7 +218,8 @@ def test_rounds_run_in_separate_processes_and_update_once(pytester: pytest.Pytes
     pytester.makepyfile(test_syn=SYNTHETIC)
     update = run_moeperf("--moeperf-update", "--moeperf-rounds", "3", "--moeperf-markdown", "s.md")
     assert update.ret == pytest.ExitCode.OK, update.stdout.str()
-    update.stdout.fnmatch_lines(["moeperf: round 1/3 ...", "moeperf: round 1/3: *2 passed*", "moeperf: round 3/3*",
+    update.stdout.fnmatch_lines(["moeperf: round 1/3 ...", "    test_syn.py .. *100%]",  # the child's progress, live
+                                 "moeperf: round 1/3 (* s): *2 passed*", "moeperf: round 3/3*",
                                  "*moeperf (3 rounds)*", "baselines updated: 2 metric(s)"])
     assert calls(pytester) == 3
     runs = stored(pytester)["test_syn.py::test_latency::latency"]["runs"]
@@ -238,3 +239,5 @@ def test_rounds_run_in_separate_processes_and_update_once(pytester: pytest.Pytes
     assert slow.ret == pytest.ExitCode.TESTS_FAILED
     slow.stdout.fnmatch_lines(["*test_syn.py::test_latency::latency * 4 * REGRESSED"])
     assert len(stored(pytester)["test_syn.py::test_latency::latency"]["runs"]) == 3, "a plain run writes nothing"
+    quiet = run_moeperf("--moeperf-rounds", "2", "-q", "-k", "test_maybe_skipped")
+    assert "    test_syn.py" not in quiet.stdout.str(), "-q shows no per-round progress"

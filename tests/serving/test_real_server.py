@@ -27,6 +27,17 @@ def test_killed_mid_run(served):
     served.measure(served.random_requests(2000, 64, 64), ClosedLoop(2))
 """
 
+PROGRESS = """
+import pytest
+
+from pytest_moeperf.serving.loadgen import ClosedLoop
+
+@pytest.mark.parametrize("served", ["cpu-tiny-nospec"], indirect=True)
+def test_window(served):
+    result = served.measure(served.random_requests(8, 16, 8), ClosedLoop(2))
+    assert result.window.metrics.completed == 8
+"""
+
 BROKEN_START = """
 import pytest
 
@@ -83,3 +94,12 @@ def test_server_that_cannot_start_fails_with_its_log_tail_once(pytester: pytest.
         ]
     )
     assert result.stdout.str().count("exited with code") >= 2  # the second test fails at once, no second start
+
+
+def test_a_window_shows_its_progress_on_the_terminal_past_capture(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    _profiles(pytester)
+    pytester.makepyfile(test_progress=PROGRESS)
+    result = run_moeperf()  # output capture on, as in every plain run
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["  moeperf: [[]cpu-tiny-nospec[]] 2/8 requests done, 0 failed, * s",
+                                 "  moeperf: [[]cpu-tiny-nospec[]] 8/8 requests done, 0 failed, * s"])
