@@ -85,3 +85,16 @@ def test_reports_and_history_are_uploaded(name: str) -> None:
     suites = [str(s.get("run", "")) for s in steps(doc) if "tox -e suites -- " in str(s.get("run", ""))]
     for command in suites:
         assert "--moeperf-history" in command and "--moeperf-html .tox/moeperf-report.html" in command, command
+
+
+@pytest.mark.parametrize("name", ["gpu.yml", "baselines-update.yml"])
+def test_gpu_workflows_install_a_pinned_vllm_and_fail_without_it(name: str) -> None:
+    doc = load(next(p for p in WORKFLOWS if p.name == name))
+    (job,) = doc["jobs"].values()
+    assert "vllm==" in job["env"]["MOEPERF_VLLM"], "a pinned default"
+    runs = [str(s.get("run", "")) for s in steps(doc)]
+    install = next(i for i, r in enumerate(runs) if 'pip install -q "$MOEPERF_VLLM"' in r)
+    assert ".tox/suites/bin/python -m pip install" in runs[install], "into the environment the suites run in"
+    assert "import vllm" in runs[install], "a missing vLLM fails the job instead of skipping its suites"
+    suites = next(i for i, r in enumerate(runs) if "tox -e suites -- " in r)
+    assert install < suites
