@@ -303,3 +303,15 @@ def diff_trees(old: Mapping[str, Mapping[str, BaselineEntry]],
             elif a is not None and b is not None and (a.summary, a.all_runs) != (b.summary, b.all_runs):
                 changes.append(Change(file, key, "changed", b.unit, a.reference().value, b.reference().value))
     return changes
+
+
+def software_changes(baseline: BaselineEntry | None, current: dict[str, str]) -> str:
+    """What changed in the software versions since ``baseline`` was recorded ("" when nothing did)."""
+    if baseline is None:
+        return ""
+    before = baseline.provenance.get("software", {})
+    if not isinstance(before, dict):
+        return ""
+    changed = [f"{k} {before.get(k, '-')} -> {current.get(k, '-')}" for k in sorted(set(before) | set(current))
+               if before.get(k) != current.get(k)]
+    return ("software changed since the baseline: " + ", ".join(changed)) if changed else ""

@@ -10,6 +10,7 @@ session's end, by the controller; an interrupted or crashed session writes no ba
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import subprocess
@@ -20,11 +21,12 @@ from typing import Any
 import pytest
 
 from pytest_moeperf import report
-from pytest_moeperf.baselines import BaselineEntry, BaselineError, BaselineStore, atomic_write
+from pytest_moeperf.baselines import BaselineEntry, BaselineError, BaselineStore, atomic_write, software_changes
 from pytest_moeperf.health_record import HealthReport, health_key
+from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.records import Measurement, Section, suite_of
 from pytest_moeperf.settings import Settings
-from pytest_moeperf.thresholds import Threshold, ThresholdError, resolve_threshold
+from pytest_moeperf.thresholds import Reference, Threshold, ThresholdError, resolve_threshold
 from pytest_moeperf.topology import Topology
 from pytest_moeperf.verdict import Status, Verdict, inconclusive, missing
 
@@ -63,17 +65,6 @@ def skip_reason(report: pytest.TestReport) -> str:
     return "test failed" if report.when == "call" else f"test errored in {report.when}"
 
 
-def software_changes(baseline: BaselineEntry | None, current: dict[str, str]) -> str:
-    if baseline is None:
-        return ""
-    before = baseline.provenance.get("software", {})
-    if not isinstance(before, dict):
-        return ""
-    changed = [f"{k} {before.get(k, '-')} -> {current.get(k, '-')}" for k in sorted(set(before) | set(current))
-               if before.get(k) != current.get(k)]
-    return ("software changed since the baseline: " + ", ".join(changed)) if changed else ""
-
-
 class MoePerfSession:
     def __init__(self, config: pytest.Config, settings: Settings, topology: Topology) -> None:
         self.config = config
@@ -92,6 +83,8 @@ class MoePerfSession:
         self.sections: list[Section] = []
         self.update_failed = False
         self.notes: list[str] = []
+        self._noise = HistoryNoise(settings.history, settings.baselines_dir, self.fingerprint.hash,
+                                   settings.noise_runs)
         self.started = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
 
     # ------------------------------------------------------------------------------------------ judging
@@ -112,13 +105,18 @@ class MoePerfSession:
                                           abs_tolerance=last.abs_tolerance, default_noise_k=self.settings.noise_k)
         verdict: Verdict = self.config.hook.pytest_moeperf_verdict(
             config=self.config, measurement=last, rounds=tuple(m.samples for m in rounds),
-            reference=baseline.reference() if baseline else None, threshold=threshold)
+            reference=self._with_history(baseline.reference(), last) if baseline else None, threshold=threshold)
         if baseline is not None and self.settings.strict and check_hash:
             other = self.store.foreign_hash(last.suite, self.fingerprint.hash)
             if other is not None:
                 verdict = inconclusive(verdict, f"--moeperf-strict: baseline recorded on a machine with fingerprint "
                                                 f"hash {other}, this one is {self.fingerprint.hash}")
         return verdict, baseline
+
+    def _with_history(self, reference: Reference, last: Measurement) -> Reference:
+        """``reference`` with the medians of this metric's last accepted sessions in the perf history."""
+        medians = self._noise.medians(f"{last.test_id}::{last.name}")
+        return dataclasses.replace(reference, history_medians=medians) if medians else reference
 
     def _unsettled(self, item: pytest.Item, perf: Any) -> bool:
         """Whether a metric of the rounds so far is REGRESSED or INCONCLUSIVE on its values (so another round may
@@ -277,6 +275,9 @@ class MoePerfSession:
     def finish(self, stopped: bool) -> bool:
         """MISSING, fingerprint check, extra tables, the baseline update (only for a session that ran to its
         end) and the reports. True when the session must fail for it (update failed; strict and undecided)."""
+        self._noise.close()  # the noise model's reader; the history write below opens its own connection
+        if self._noise.problem:
+            self.notes.append(self._noise.problem)
         self.verdicts += self.find_missing()
         self.check_fingerprints()
         try:

@@ -42,6 +42,9 @@ class Reference:
 
     run_medians: tuple[float, ...]
     within_rel_iqr: float = 0.0  # the largest IQR/median among the stored runs
+    #: Medians of the last accepted sessions in the perf history, when it holds more of them than the baseline
+    #: holds runs: the between-run spread is learned from these instead (the reference value stays the baseline's)
+    history_medians: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.run_medians:
@@ -57,11 +60,23 @@ class Reference:
         return len(self.run_medians)
 
     @property
+    def noise_source(self) -> str:
+        """Where the between-run spread comes from: ``history`` or ``baseline``."""
+        return "history" if len(self.history_medians) >= max(MIN_RUNS_FOR_SPREAD, self.runs + 1) else "baseline"
+
+    @property
+    def noise_runs(self) -> int:
+        return len(self.history_medians) if self.noise_source == "history" else self.runs
+
+    @property
     def between_run_spread(self) -> float | None:
-        """Relative robust spread of the run medians (1.4826 × MAD / |reference|); None below 3 runs."""
-        if self.runs < MIN_RUNS_FOR_SPREAD or self.value == 0:
+        """Relative robust spread (1.4826 × MAD / |median|) of the medians the noise is learned from (the baseline's
+        runs, or the history's accepted sessions when there are more of those); None below 3."""
+        medians = self.history_medians if self.noise_source == "history" else self.run_medians
+        center = stats.median(medians) if medians else 0.0
+        if len(medians) < MIN_RUNS_FOR_SPREAD or center == 0:
             return None
-        return stats.MAD_TO_SIGMA * stats.mad(self.run_medians) / abs(self.value)
+        return stats.MAD_TO_SIGMA * stats.mad(medians) / abs(center)
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,9 @@ class Threshold:
         """The relative change allowed before a metric counts, and where its noise term came from."""
         spread = reference.between_run_spread
         if spread is not None:
-            return max(self.tolerance, self.noise_k * spread), f"spread {spread * 100:.1f} % from {reference.runs} runs"
+            where = "history sessions" if reference.noise_source == "history" else "runs"
+            return (max(self.tolerance, self.noise_k * spread),
+                    f"spread {spread * 100:.1f} % from {reference.noise_runs} {where}")
         plural = "run" if reference.runs == 1 else "runs"
         return (max(self.tolerance, reference.within_rel_iqr),
                 f"spread from {reference.runs} {plural} (within-run IQR {reference.within_rel_iqr * 100:.1f} %)")

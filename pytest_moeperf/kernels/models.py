@@ -309,15 +309,29 @@ def spec_from_config(config: Mapping[str, Any], name: str) -> ModelSpec:
     )
 
 
-def spec_from_config_file(path: str | Path, name: str | None = None) -> ModelSpec:
-    """:func:`spec_from_config` for a ``config.json`` file or a directory holding one."""
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A HF ``config.json`` (the file, or a directory holding one) as a dict; ``ValueError`` if it is not one."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     config = json.loads(p.read_text(encoding="utf-8"))
     if not isinstance(config, dict):
         raise ValueError(f"{p}: not a JSON object")
-    return spec_from_config(config, name or p.parent.name)
+    return config
+
+
+def vocab_size(config: Mapping[str, Any]) -> int | None:
+    """The text model's ``vocab_size`` (top level or ``text_config``), None when the config does not say."""
+    for table in (_text_config(config), config):
+        if isinstance(table.get("vocab_size"), int):
+            return int(table["vocab_size"])
+    return None
+
+
+def spec_from_config_file(path: str | Path, name: str | None = None) -> ModelSpec:
+    """:func:`spec_from_config` for a ``config.json`` file or a directory holding one."""
+    p = Path(path)
+    return spec_from_config(read_config(p), name or (p if p.is_dir() else p.parent).name)
 
 
 # ---------------------------------------------------------------------------------------------------- registry

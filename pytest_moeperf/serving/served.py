@@ -139,12 +139,10 @@ class Served:
 
 
 def vocab_size_of(model_dir: Path) -> int | None:
-    """``vocab_size`` from a local HF model directory's config.json (top level or ``text_config``)."""
+    """``vocab_size`` from a local HF model directory's config.json (None when unreadable or not said)."""
+    from pytest_moeperf.kernels.models import read_config, vocab_size
+
     try:
-        config = json.loads((model_dir / "config.json").read_text())
+        return vocab_size(read_config(model_dir))
     except (OSError, ValueError):
         return None
-    for table in (config, config.get("text_config") or {}):
-        if isinstance(table.get("vocab_size"), int):
-            return int(table["vocab_size"])
-    return None
