@@ -24,6 +24,8 @@ def _pct(value: float | None) -> str:
 def _mde(v: Verdict) -> str:
     if v.allowed is None:
         return "-"
+    if "history sessions" in (v.spread or ""):
+        return f"{v.allowed * 100:.1f} % (history)"
     return f"{v.allowed * 100:.1f} %" + (" (1 run)" if v.runs < 3 else "")
 
 
@@ -36,7 +38,8 @@ def verdict_rows(verdicts: Sequence[Verdict]) -> list[tuple[str, ...]]:
 
 
 #: "mde": the minimum detectable effect, the threshold actually used; "(1 run)": below 3 stored runs, the
-#: between-run spread is unknown and the within-run IQR is the floor.
+#: between-run spread is unknown and the within-run IQR is the floor; "(history)": the spread was learned from the
+#: perf history's accepted sessions (more of them than the baseline has runs).
 VERDICT_COLUMNS = ("metric", "unit", "baseline", "current", "Δ", "mde", "rounds", "verdict")
 
 

@@ -311,9 +311,7 @@ def spec_from_config(config: Mapping[str, Any], name: str) -> ModelSpec:
 
 def read_config(path: str | Path) -> dict[str, Any]:
     """A HF ``config.json`` (the file, or a directory holding one) as a dict; ``ValueError`` if it is not one."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
+    p = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     config = json.loads(p.read_text(encoding="utf-8"))
     if not isinstance(config, dict):
         raise ValueError(f"{p}: not a JSON object")
@@ -322,10 +320,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 def vocab_size(config: Mapping[str, Any]) -> int | None:
     """The text model's ``vocab_size`` (top level or ``text_config``), None when the config does not say."""
-    for table in (_text_config(config), config):
-        if isinstance(table.get("vocab_size"), int):
-            return int(table["vocab_size"])
-    return None
+    tables = (_text_config(config), config)
+    return next((int(t["vocab_size"]) for t in tables if isinstance(t.get("vocab_size"), int)), None)
 
 
 def spec_from_config_file(path: str | Path, name: str | None = None) -> ModelSpec:
