@@ -10,12 +10,8 @@
 # Env: PLAN (default below), TOTAL_S (the call's budget, default 540), BATCHES (default "1 8 32"), CROSSCHECK
 # (default 1; 0 skips it), PYTHON.
 # Seen: a tiny MoE TP=2 server is healthy in 60-100 s; each attribution window takes a few seconds.
-set -u
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-$PWD/device-out}"; mkdir -p "$OUT"
+# shellcheck source=scripts/device_vllm_env.sh
+source "$(dirname "$0")/device_vllm_env.sh"
 PY="${PYTHON:-python3}"; TOTAL_S="${TOTAL_S:-540}"; BATCHES="${BATCHES:-1 8 32}"
 PLAN="${PLAN:-gpu-tiny-tp2-nospec:none gpu-tiny-tp2-nospec:pcie-no-p2p gpu-kimishape-tp2-nospec:none gpu-kimishape-tp2-nospec:pcie-no-p2p}"
 START=$(date +%s)

@@ -15,12 +15,8 @@
 # 2026-11-30: SERVING_S=420 with a timeout 60 s after it: 8 tests passed, the 9th was cut, nothing was written.
 # Hence 150 s after the deadline; a device call needs SERVING_S + 240 s. Leftover servers are killed at the end. Env: KERNELS_S (default 90; 0 skips the kernels), SERVING_S (default 330), ROUNDS
 # (default 1; more rounds need more time than one device call has), PYTHON (default python3).
-set -u
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-$PWD/device-out}"; mkdir -p "$OUT"
+# shellcheck source=scripts/device_vllm_env.sh
+source "$(dirname "$0")/device_vllm_env.sh"
 PY="${PYTHON:-python3}"; KERNELS_S="${KERNELS_S:-90}"; SERVING_S="${SERVING_S:-330}"; ROUNDS="${ROUNDS:-1}"
 START=$(date +%s)
 note() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/topology.txt"; }
