@@ -14,11 +14,12 @@ from pytest_moeperf.records import Measurement, Section
 from pytest_moeperf.settings import Settings
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ranks(moeperf_settings: Settings) -> Iterator[RankPool]:
     """A :class:`RankPool`: ``ranks.run(fn, *args, world_size=2, backend="gloo")`` runs ``fn(rank, *args)`` on
     every rank with the ``--moeperf-rank-timeout`` hard timeout; a hung, crashed or raising rank fails the test
-    with a message naming it, and leaves no process behind."""
+    with a message naming it, and leaves no process behind. Module-scoped: the ranks end with the module that
+    used them, so no rank process outlives the all-reduce suite into the suites measured after it."""
     pool = RankPool(timeout_s=moeperf_settings.rank_timeout_s)
     yield pool
     pool.close()
