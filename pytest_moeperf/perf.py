@@ -23,6 +23,7 @@ class Perf:
         self._earlier: list[tuple[Measurement, ...]] = []  # the records of earlier rounds (confirmation re-runs)
         self._simulated_from = simulated_from
         self._unusable: dict[str, None] = {}  # why a round's measurement cannot decide anything (ordered, unique)
+        self._single: str | None = None  # why calling the test again would not measure again
 
     @property
     def records(self) -> tuple[Measurement, ...]:
@@ -49,6 +50,17 @@ class Perf:
         every metric of the test is INCONCLUSIVE with ``reason``, shown but never PASS/REGRESSED, and not written
         to the baselines."""
         self._unusable[reason] = None
+
+    @property
+    def single_round(self) -> str | None:
+        """Why this test is not re-run to confirm a verdict (None: it may be)."""
+        return self._single
+
+    def measured_once(self, reason: str) -> None:
+        """Declare that calling this test again would record the same value (it comes from a fixture, e.g. a
+        server's time to start): confirmation does not re-run it, since repeated copies of one measurement would
+        pass for independent rounds and let a rank test reject on one value."""
+        self._single = reason
 
     def context(self, **values: JSONScalar) -> None:
         """Attach facts (shape, dtype, backend, …) to every metric this test records from now on."""

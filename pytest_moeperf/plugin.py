@@ -83,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(importlib.import_module(name), name)
     topo = _session_topology(config, settings)
     placed = placement_mod.install(config, topo.gpu_count, settings.share_gpus)
-    limits = health_mod.HealthLimits(settings.health_foreign_cores, settings.health_steal_pct)
+    limits = health_mod.HealthLimits.resolve(settings.health_foreign_cores, settings.health_steal_pct)
     health_mod.install(config, limits if settings.health else None, placement_mod.session_roots(placed),
                        (lambda item: ()) if topo.simulated else placed.nvml_indices)
     config.stash[started_key] = time.monotonic()

@@ -135,7 +135,7 @@ class MoePerfSession:
         result = yield
         perf = pyfuncitem.stash.get(perf_key, None)
         if (perf is None or not perf.records or self.settings.update or self.settings.confirm == 0
-                or pyfuncitem.stash.get(confirming_key, False)):
+                or perf.single_round is not None or pyfuncitem.stash.get(confirming_key, False)):
             return result
         for _ in range(self.settings.confirm):
             if not self._unsettled(pyfuncitem, perf):

@@ -76,12 +76,14 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def parse_cores(text: str) -> float:
-    """A number of CPU cores, e.g. ``0.5``."""
+def parse_cores(text: str) -> float | None:
+    """A number of CPU cores, e.g. ``0.5``; ``auto`` (None): chosen from the CPUs this process may use."""
+    if text.strip().lower() == "auto":
+        return None
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of cores such as 0.5, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number of cores such as 0.5, or auto, got {text!r}") from None
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"a number of cores must be >= 0, got {value}")
     return value
@@ -196,7 +198,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("health", "health", "judge each measurement window's health (foreign CPU load, steal, GPU throttling "
            "and other GPU processes); a window that fails is INCONCLUSIVE", "on|off", parse_bool, True),
     Option("health-foreign-cores", "health_foreign_cores", "the health gate trips when processes outside the "
-           "test's process tree keep more than CORES cores busy during the window", "CORES", parse_cores, 0.5),
+           "test's process tree keep more than CORES cores busy during the window; auto: 5 percent of the CPUs this "
+           "process may use, at least 0.1", "CORES|auto", parse_cores, None),
     Option("health-steal", "health_steal_pct", "the health gate trips when the hypervisor steals more than PCT percent "
            "of the window's CPU time", "PCT", parse_percent, 10.0),
     Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "
@@ -237,7 +240,7 @@ class Settings:
     rounds: int
     confirm: int
     health: bool
-    health_foreign_cores: float
+    health_foreign_cores: float | None  # None: auto (`health.auto_foreign_cores`)
     health_steal_pct: float
     share_gpus: bool
     history: str | Path | None = None

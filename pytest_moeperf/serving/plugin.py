@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf.health import HealthGate
 from pytest_moeperf.records import Measurement, Section
 from pytest_moeperf.serving.attach import AttachError, attached_profiles
 from pytest_moeperf.serving.metrics import percentile
-from pytest_moeperf.serving.pool import ServerPool, ServeSkip
+from pytest_moeperf.serving.pool import ServerPool, ServeSkip, Watch
 from pytest_moeperf.serving.profiles import ProfileError, ServeProfile, load_profile_dirs, workload_misfit
 from pytest_moeperf.serving.served import Served
 from pytest_moeperf.serving.server import ServerDied, ServerStartError
@@ -130,12 +131,19 @@ def serve(
         gpu_count=0 if topology.simulated else topology.gpu_count,  # a topology file cannot launch servers
         model_cache=Path(model_cache),
         log_dir=tmp_path_factory.mktemp("vllm-logs", numbered=True),
+        progress_sink=progress_sink(pytestconfig),
+        watch=health_watch(pytestconfig),
     )
-    pool.progress_sink = progress_sink(pytestconfig)
     try:
         yield Pool(pool)
     finally:
         pool.close()
+
+
+def health_watch(config: pytest.Config) -> Watch | None:
+    """The health gate's window judge, for server start-ups (None when the gate is off)."""
+    gate = config.pluginmanager.get_plugin("moeperf-health")
+    return gate.watch if isinstance(gate, HealthGate) else None
 
 
 def progress_sink(config: pytest.Config) -> Callable[[str], None] | None:

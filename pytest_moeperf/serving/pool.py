@@ -11,13 +11,16 @@ mode) are somebody else's: never started, stopped or counted.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_moeperf.health_record import HealthReport
 from pytest_moeperf.serving.profiles import (
     KIMI_SHAPED,
     TARGETS,
@@ -33,6 +36,9 @@ from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, Server
 __all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "pin_gpus", "place"]
 
 log = logging.getLogger("pytest_moeperf.serving")
+
+#: The health gate's window judge: ``watch(gpus)`` yields a list that holds the window's report when it ends.
+Watch = Callable[[Iterable[int]], AbstractContextManager[list[HealthReport]]]
 
 GPU_SHARE_BUDGET = 0.9
 CPU_SERVERS = 2  # each tiny-model server holds VLLM_CPU_KVCACHE_SPACE (1 GiB) of KV cache
@@ -77,13 +83,18 @@ class ServerPool:
         gpu_count: int,
         model_cache: Path,
         log_dir: Path,
+        progress_sink: Callable[[str], None] | None = None,
+        watch: Watch | None = None,
     ) -> None:
+        """``progress_sink``: where windows' progress lines go besides the log; ``watch(gpus)``: a context manager
+        that judges the health of a window (the health gate's), used around each server's start-up."""
         self.profiles = profiles
         self.timeout_s = timeout_s
         self.gpu_count = gpu_count
         self.model_cache = model_cache
         self.log_dir = log_dir
-        self.progress_sink: Callable[[str], None] | None = None  # set by the plugin: the terminal
+        self.progress_sink = progress_sink
+        self.watch = watch
         self.starts: dict[str, list[float]] = {}  # seconds to healthy of every start, per profile
         self._served: dict[str, Served] = {}  # insertion order = least recently used first
         self._placement: dict[str, Placement] = {}
@@ -212,17 +223,19 @@ class ServerPool:
             env=env,
         )
         timeout = min(self.timeout_s, profile.startup_timeout_s or self.timeout_s)
-        server.start()
-        log.info("started %s on %s (health timeout %.0f s)", server.describe(), spot.gpus or "cpu", timeout)
-        try:
-            startup = server.wait_healthy(timeout)  # stops the server itself when it fails
-        except BaseException:
-            server.stop()  # interrupted while starting: leave nothing behind
-            raise
+        with self.watch(spot.gpus) if self.watch is not None else contextlib.nullcontext([]) as health:
+            server.start()
+            log.info("started %s on %s (health timeout %.0f s)", server.describe(), spot.gpus or "cpu", timeout)
+            try:
+                startup = server.wait_healthy(timeout)  # stops the server itself when it fails
+            except BaseException:
+                server.stop()  # interrupted while starting: leave nothing behind
+                raise
+        unhealthy = tuple(r for report in health if not report.ok for r in report.reasons)
         self.starts.setdefault(profile.name, []).append(startup)
         log.info("%s healthy after %.1f s", server.describe(), startup)
         return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup,
-                      progress_sink=self.progress_sink)
+                      startup_health=unhealthy, progress_sink=self.progress_sink)
 
 
 def pin_gpus(gpus: Sequence[int], visible: str | None) -> dict[str, str]:

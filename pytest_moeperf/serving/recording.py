@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from pytest_moeperf.serving.loadgen import WindowResult
 from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, latency_samples
 from pytest_moeperf.serving.profiles import Tolerances
+from pytest_moeperf.serving.served import Served
 from pytest_moeperf.serving.specdecode import AcceptanceStats
 
 __all__ = [
@@ -47,11 +48,24 @@ class PerfRecorder(Protocol):
 
     def inconclusive(self, reason: str) -> None: ...
 
+    def measured_once(self, reason: str) -> None: ...
+
     def context(self, **kv: Any) -> None: ...
 
 
 class FailedRequests(AssertionError):
     pass
+
+
+def record_startup(perf: PerfRecorder, served: Served) -> None:
+    """``startup_s``: the time from launching ``served``'s server to its first healthy ``/health``. It was measured
+    once, when the server started: re-running the test would record the same value (no confirmation rounds), and
+    the health gate judged that start-up window, not the test's call."""
+    assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
+    perf.measured_once("the server's start-up is measured once, when it starts")
+    for reason in served.startup_health:
+        perf.inconclusive(f"start-up window: {reason}")
+    perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
 
 
 def check_failures(metrics: ServingMetrics, allowed_failed_rate: float = 0.0) -> None:

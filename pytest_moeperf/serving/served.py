@@ -55,6 +55,8 @@ class Served:
     server: Server
     vocab_size: int | None
     startup_s: float | None = None
+    #: why the health gate judged the start-up window unhealthy (empty: healthy, or not judged)
+    startup_health: tuple[str, ...] = ()
     #: where a window's progress lines go besides the log (the terminal, when the session shows progress)
     progress_sink: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 

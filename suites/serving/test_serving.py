@@ -20,7 +20,7 @@ from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, LoadShape, Open
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.plugin import profile_params, profiles_for
 from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.recording import PerfRecorder, record_serving
+from pytest_moeperf.serving.recording import PerfRecorder, record_serving, record_startup
 from pytest_moeperf.serving.served import Served
 from pytest_moeperf.settings import Settings
 
@@ -111,9 +111,8 @@ def measure_and_record(
 
 def test_startup(served: Served, perf: PerfRecorder) -> None:
     """Time from launching the profile's server to its first healthy ``/health`` (its first start here)."""
-    assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
     perf.context(profile=served.profile.name, model=served.profile.model, tp=served.profile.tp)
-    perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
+    record_startup(perf, served)
 
 
 def test_closed_loop(served: Served, concurrency: int, perf: PerfRecorder, moeperf_settings: Settings) -> None:

@@ -23,7 +23,13 @@ from pytest_moeperf.serving.loadgen import ClosedLoop
 from pytest_moeperf.serving.metrics import coalesced, latency_samples, percentile
 from pytest_moeperf.serving.plugin import Pool, profile_params, profiles_for
 from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.recording import PerfRecorder, check_failures, record_acceptance, record_latencies
+from pytest_moeperf.serving.recording import (
+    PerfRecorder,
+    check_failures,
+    record_acceptance,
+    record_latencies,
+    record_startup,
+)
 from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.speedup import PairResult, measure_pair
 from pytest_moeperf.settings import Settings
@@ -112,9 +118,8 @@ def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int) -> Non
 
 def test_startup(served: Served, perf: PerfRecorder) -> None:
     """Time from launching the profile's server to its first healthy ``/health`` (its first start here)."""
-    assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
     describe(perf, served.profile, 0)
-    perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
+    record_startup(perf, served)
 
 
 def test_decode(

@@ -73,6 +73,26 @@ def test_confirmation_reruns_and_a_persistent_regression_still_fails(pytester: p
     assert calls(pytester) == 1
 
 
+def test_a_value_measured_once_is_not_confirmed_by_copies_of_itself(pytester: pytest.Pytester,  # type: ignore[no-untyped-def]
+                                                                    run_moeperf, monkeypatch: pytest.MonkeyPatch):
+    # a server's start-up time comes from a fixture: calling the test again records the same number, and three
+    # copies of one value would pass for three rounds (a rank test of 3 against 5 stored runs rejects at p = 0.018)
+    pytester.makepyfile(test_once="""
+        import os
+        def test_startup(perf):
+            perf.measured_once("measured when the fixture started")
+            with open("calls.txt", "a") as handle:
+                handle.write("call\\n")
+            perf.record("startup_s", 60.0 * float(os.environ.get("SCALE", "1")), unit="s")
+    """)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=1)
+    calls(pytester)
+    monkeypatch.setenv("SCALE", "1.5")
+    result = run_moeperf()
+    assert calls(pytester) == 1, "no confirmation rounds"
+    result.stdout.fnmatch_lines(["*startup_s: baseline 60 s (1 run) -> current 90 s (n=1), change +50.0 %*"])
+
+
 def test_one_lucky_sample_does_not_mask_a_regression(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_mask="""
