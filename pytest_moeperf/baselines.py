@@ -27,7 +27,7 @@ from pytest_moeperf.thresholds import Reference
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
-DEFAULT_KEEP_RUNS = 5
+DEFAULT_KEEP_RUNS = 10
 _SIGNIFICANT = 6
 
 
@@ -81,7 +81,8 @@ class BaselineEntry:
         """The values a verdict needs: the stored run medians and their largest within-run IQR/median."""
         runs = self.all_runs
         return Reference(tuple(r.median for r in runs),
-                         max((r.iqr / abs(r.median) if r.median else 0.0) for r in runs))
+                         max((r.iqr / abs(r.median) if r.median else 0.0) for r in runs),
+                         sittings=len({r.date for r in runs}))
 
     def to_json(self) -> dict[str, Any]:
         summary = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self.summary).items()}

@@ -45,6 +45,9 @@ class Reference:
     #: Medians of the last accepted sessions in the perf history, when it holds more of them than the baseline
     #: holds runs: the between-run spread is learned from these instead (the reference value stays the baseline's)
     history_medians: tuple[float, ...] = ()
+    #: how many updates (sittings) the stored runs came from: the rounds of one update share the box's state of
+    #: that hour, so a spread learned from one sitting misses the variation between sittings
+    sittings: int = 1
 
     def __post_init__(self) -> None:
         if not self.run_medians:
@@ -98,9 +101,12 @@ class Threshold:
         """The relative change allowed before a metric counts, and where its noise term came from."""
         spread = reference.between_run_spread
         if spread is not None:
-            where = "history sessions" if reference.noise_source == "history" else "runs"
-            return (max(self.tolerance, self.noise_k * spread),
-                    f"spread {spread * 100:.1f} % from {reference.noise_runs} {where}")
+            if reference.noise_source == "history":
+                where = f"{reference.noise_runs} history sessions"
+            else:
+                sittings = "1 sitting" if reference.sittings == 1 else f"{reference.sittings} sittings"
+                where = f"{reference.noise_runs} runs in {sittings}"
+            return (max(self.tolerance, self.noise_k * spread), f"spread {spread * 100:.1f} % from {where}")
         plural = "run" if reference.runs == 1 else "runs"
         return (max(self.tolerance, reference.within_rel_iqr),
                 f"spread from {reference.runs} {plural} (within-run IQR {reference.within_rel_iqr * 100:.1f} %)")
