@@ -94,8 +94,8 @@ def test_judge_host_names_the_foreign_load_and_the_limit() -> None:
 
 
 def test_the_automatic_foreign_cpu_limit_scales_with_the_cpus_we_may_use() -> None:
-    assert [auto_foreign_cores(n) for n in (1, 2, 16, 128)] == [0.1, 0.1, 0.8, 6.4]
-    assert HealthLimits.resolve(None, 10.0, cpus=2) == HealthLimits(0.1, 10.0)
+    assert [auto_foreign_cores(n) for n in (1, 2, 16, 128)] == pytest.approx([0.07, 0.07, 0.56, 4.48])
+    assert HealthLimits.resolve(None, 10.0, cpus=2) == HealthLimits(0.07, 10.0)
     assert HealthLimits.resolve(0.5, 10.0, cpus=2) == HealthLimits(0.5, 10.0)
 
 
