@@ -24,9 +24,9 @@ def _pct(value: float | None) -> str:
 def _mde(v: Verdict) -> str:
     if v.allowed is None:
         return "-"
-    if "history sessions" in (v.spread or ""):
+    if v.noise_source == "history":
         return f"{v.allowed * 100:.1f} % (history)"
-    return f"{v.allowed * 100:.1f} %" + (" (1 run)" if v.runs < 3 else "")
+    return f"{v.allowed * 100:.1f} %" + (" (1 run)" if v.noise_source == "within-run" else "")
 
 
 def verdict_rows(verdicts: Sequence[Verdict]) -> list[tuple[str, ...]]:

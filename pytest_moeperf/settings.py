@@ -199,8 +199,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("health", "health", "judge each measurement window's health (foreign CPU load, steal, GPU throttling "
            "and other GPU processes); a window that fails is INCONCLUSIVE", "on|off", parse_bool, True),
     Option("health-foreign-cores", "health_foreign_cores", "the health gate trips when processes outside the "
-           "test's process tree keep more than CORES cores busy during the window; auto: 5 percent of the CPUs this "
-           "process may use, at least 0.1", "CORES|auto", parse_cores, None),
+           "test's process tree keep more than CORES cores busy during the window; auto: 3.5 percent of the CPUs this "
+           "process may use, at least 0.07", "CORES|auto", parse_cores, None),
     Option("health-steal", "health_steal_pct", "the health gate trips when the hypervisor steals more than PCT percent "
            "of the window's CPU time", "PCT", parse_percent, 10.0),
     Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "

@@ -53,6 +53,9 @@ class Verdict:
     change: float | None = None  # relative, signed: estimate vs reference
     allowed: float | None = None  # the threshold used: the minimum detectable effect (relative)
     spread: str = ""  # where the noise term of the threshold came from
+    #: what set the spread: "baseline" (its stored runs), "history" (accepted sessions), "within-run" (fewer than
+    #: 3 stored runs: their IQR), "" (no reference)
+    noise_source: str = ""
     threshold: Threshold = Threshold()
     reason: str = ""
 
@@ -113,7 +116,9 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
     ref = reference.value
     allowed, spread = threshold.allowed(reference)
     estimate = stats.median(medians)
-    known = dataclasses.replace(base, reference=ref, runs=reference.runs, allowed=allowed, spread=spread)
+    source = reference.noise_source if reference.between_run_spread is not None else "within-run"
+    known = dataclasses.replace(base, reference=ref, runs=reference.runs, allowed=allowed, spread=spread,
+                                noise_source=source)
 
     def verdict(status: Status, change: float | None, reason: str = "") -> Verdict:
         return dataclasses.replace(known, status=status, change=change, reason=reason)
