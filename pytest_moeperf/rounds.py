@@ -5,7 +5,8 @@ noise model learns from. The parent (this module) runs the same command line N t
 directory, ini file and rootdir — with ``--moeperf-rounds 1``, a private ``--moeperf-report`` and the round in
 ``MOEPERF_ROUND`` (a child writes no baseline and no Markdown); then it judges every metric on all its rounds,
 prints the combined table, writes the reports, and under ``--moeperf-update`` appends one run per round to the
-baselines in one transaction (only when every round finished).
+baselines in one transaction (only when every round finished; a round whose window failed the health gate adds
+no run, the metric's other rounds still do).
 """
 
 from __future__ import annotations
@@ -150,11 +151,14 @@ def merge(state: MoePerfSession, docs: list[dict[str, Any]]) -> None:
             verdict = inconclusive(Verdict.from_json(entries[-1]["verdict"]),
                                    f"health: no healthy round ({'; '.join(reasons)})")
         passed = all(e["passed"] for e in entries)
+        # an update writes the healthy rounds of a test that passed in every round: an unhealthy window drops that
+        # round's run, not the other rounds' (a report from before "test_passed" existed counts health as failure)
+        writable = bool(measurements) and all(e.get("test_passed", e["passed"]) for e in entries)
         state.verdicts.append(verdict)
         state.measurements += measurements or [Measurement.from_json(entries[-1]["measurement"])]
         state.results.append({"measurement": entries[-1]["measurement"], "verdict": verdict.to_json(),
                               "rounds": [r for e in entries for r in e["rounds"]], "passed": passed,
                               "health": [e.get("health") for e in entries]})
-        if passed:
+        if writable:
             state.passed_keys.add(key)
     state.verdicts += [Verdict.from_json(v) for k, v in sorted(missing.items()) if k not in per_key]

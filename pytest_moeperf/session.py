@@ -173,6 +173,7 @@ class MoePerfSession:
                 verdict = inconclusive(verdict, "; ".join(why_not))
             payload.append({"measurement": rounds[-1].to_json(), "rounds": [list(m.samples) for m in rounds],
                             "verdict": verdict.to_json(), "passed": rep.passed and not unhealthy,
+                            "test_passed": rep.passed,
                             "health": None if health is None else {"ok": health.ok, "reasons": list(health.reasons),
                                                                    "facts": dict(health.facts)}})
             line = verdict.message()

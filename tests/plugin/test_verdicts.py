@@ -218,6 +218,28 @@ def test_unhealthy_window_is_inconclusive_with_its_reasons(pytester: pytest.Pyte
     assert stored(pytester)["test_syn.py::test_latency::latency"]["summary"]["median"] == pytest.approx(10.0)
 
 
+def test_an_unhealthy_round_drops_its_own_run_from_an_update_not_the_others(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf) -> None:
+    # Seen recording the CPU baselines: one round of five had a busy window, and all five runs of that test's
+    # metrics were dropped (46 metrics kept their old runs only), so their spread never saw the second sitting.
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    pytester.makeconftest("""
+        import os, pytest
+        from pytest_moeperf.health_record import HealthReport, health_key
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_makereport(item, call):
+            if call.when == "call" and os.environ.get("MOEPERF_ROUND", "").startswith("2/"):
+                item.stash[health_key] = HealthReport(False, ("host: 1.8 foreign cores busy",), {})
+            return (yield)
+    """)
+    update = run_moeperf("--moeperf-update", "--moeperf-rounds", "3", "-k", "test_latency")
+    assert update.ret == pytest.ExitCode.OK, update.stdout.str()
+    update.stdout.fnmatch_lines(["baselines updated: 1 metric(s)"])
+    runs = stored(pytester)["test_syn.py::test_latency::latency"]["runs"]
+    assert len(runs) == 2, "rounds 1 and 3; round 2's window failed the gate"
+
+
 def test_fingerprint_hash_mismatch_is_reported_once(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
     pytester.makepyfile(test_syn=SYNTHETIC)
     run_moeperf("--moeperf-update").assert_outcomes(passed=2)
