@@ -187,8 +187,8 @@ class ServerPool:
             tiny_draft_spec,
         )
 
-        if target == KIMI_SHAPED:
-            return {KIMI_SHAPED: str(ensure_tiny_model(self.model_cache, kimi_rank_shaped_spec()))}
+        if target in KIMI_SHAPED:
+            return {target: str(ensure_tiny_model(self.model_cache, kimi_rank_shaped_spec(KIMI_SHAPED[target])))}
         return {
             TINY_MOE: str(ensure_tiny_model(self.model_cache)),
             TINY_DRAFT: str(ensure_tiny_model(self.model_cache, tiny_draft_spec())),

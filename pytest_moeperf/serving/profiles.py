@@ -37,9 +37,10 @@ __all__ = [
 TINY_MOE = "tiny-moe"
 TINY_DRAFT = "tiny-moe-draft"
 TINY_EAGLE3 = "tiny-eagle3"
-KIMI_SHAPED = "kimi-shaped-tp2"  # per-rank shapes of Kimi-K2.5 at TP=8, served at TP=2 (tinymodel.py)
-GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, KIMI_SHAPED)
-TARGETS = (TINY_MOE, KIMI_SHAPED)  # generated models a profile may serve (with --load-format dummy)
+#: models whose per-rank shapes at the given TP are Kimi-K2.5's at TP=8 (tinymodel.kimi_rank_shaped_spec), by name
+KIMI_SHAPED = {"kimi-shaped-tp1": 1, "kimi-shaped-tp2": 2}
+GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, *KIMI_SHAPED)
+TARGETS = (TINY_MOE, *KIMI_SHAPED)  # generated models a profile may serve (with --load-format dummy)
 VLLM_DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
 TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
