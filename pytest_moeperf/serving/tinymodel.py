@@ -110,8 +110,15 @@ def kimi_rank_shaped_spec(tp: int = 2, layers: int = 8) -> TinyMoeSpec:
 
 def eagle3_config(target: TinyMoeSpec) -> dict[str, Any]:
     """An EAGLE-3 head (vLLM's ``LlamaForCausalLMEagle3``) for ``target``: one Llama layer fed by three of the
-    target's hidden states, same hidden size and vocabulary (so no draft-to-target token map)."""
+    target's hidden states, same hidden size and vocabulary (so no draft-to-target token map).
+
+    The three hidden states are named: vLLM's default picks layers (2, L // 2, L - 3) of an L-layer target, which
+    for the 2-layer tiny MoE matches only two (index 0 is the embeddings' output, k the output of layer k), and the
+    head's input projection (3 × hidden) then fails on the first decode step (seen on 1x H200, vLLM 0.26:
+    "mat1 and mat2 shapes cannot be multiplied (8x256 and 384x128)")."""
+    layers = target.num_hidden_layers
     return {
+        "eagle_aux_hidden_state_layer_ids": [0, max(1, layers // 2), layers],
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "vocab_size": target.vocab_size,

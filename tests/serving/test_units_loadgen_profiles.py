@@ -96,3 +96,14 @@ def test_profile_errors_name_file_and_field(tmp_path: Path, content: dict[str, o
     (tmp_path / "p.json").write_text(json.dumps(content))
     with pytest.raises(ProfileError, match=message):
         load_profiles(tmp_path)
+
+
+def test_eagle3_head_names_three_hidden_states_the_tiny_target_has() -> None:
+    """vLLM feeds an EAGLE-3 head the hidden states after the layers it names (0: the embeddings' output, k: layer
+    k's); its input projection takes exactly three. vLLM's default (2, L // 2, L - 3) matches only two of the 2-layer
+    tiny MoE's, and the first decode step failed on 1x H200 ("mat1 and mat2 shapes cannot be multiplied")."""
+    from pytest_moeperf.serving.tinymodel import TinyMoeSpec, eagle3_config
+
+    for layers in (2, 3, 8):
+        ids = eagle3_config(TinyMoeSpec(num_hidden_layers=layers))["eagle_aux_hidden_state_layer_ids"]
+        assert len(set(ids)) == 3 and all(0 <= i <= layers for i in ids), (layers, ids)
