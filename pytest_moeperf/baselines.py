@@ -123,6 +123,46 @@ class BaselineEntry:
                    context=dict(m.context), provenance=dict(provenance), runs=(RunSummary.of(summary, provenance),))
 
 
+def merge_entries(a: BaselineEntry, b: BaselineEntry, keep: int) -> BaselineEntry:
+    """One metric's runs from two copies of a baseline that were updated apart (e.g. two GPU runners, or two device
+    calls that each started from the same committed file): the union of their runs by date (a run both hold
+    counts once), the last ``keep``; summary, context and provenance of the copy updated last. Copies whose unit
+    or direction differ cannot be merged (`BaselineError`)."""
+    if (a.unit, a.better) != (b.unit, b.better):
+        raise BaselineError(f"metric {a.key!r}: cannot merge {a.unit}/{a.better} with {b.unit}/{b.better}")
+    runs = sorted(set(a.all_runs) | set(b.all_runs), key=lambda r: (r.date or "", r.median))
+    newer = b if (b.provenance.get("date") or "") >= (a.provenance.get("date") or "") else a
+    return dataclasses.replace(newer, runs=tuple(runs[-keep:]))
+
+
+def merge_trees(target: Path, sources: Iterable[Path], keep: int = DEFAULT_KEEP_RUNS) -> list[Path]:
+    """Merge every ``<slug>/<suite>.json`` under each source directory into ``target`` (created as needed); the
+    files are read and every text prepared before the first is written. Files of one slug and suite whose
+    fingerprint hashes differ are refused: they were measured on different machines."""
+    merged: dict[Path, tuple[Mapping[str, Any], dict[str, BaselineEntry]]] = {}
+    for root in (target, *sources):
+        if not root.is_dir():
+            raise BaselineError(f"baselines directory {root} does not exist")
+        for path in sorted(root.glob("*/*.json")):
+            dest = target / path.parent.name / path.name
+            found = read_file(path)
+            if dest not in merged:
+                merged[dest] = (found.fingerprint, dict(found.entries))
+                continue
+            fingerprint, entries = merged[dest]
+            if fingerprint.get("hash") != found.fingerprint.get("hash"):
+                raise BaselineError(f"{path}: fingerprint {found.fingerprint.get('hash')} differs from "
+                                    f"{fingerprint.get('hash')} of the same file elsewhere: not merged")
+            for key, entry in found.entries.items():
+                entries[key] = merge_entries(entries[key], entry, keep) if key in entries else entry
+    texts = {dest: dump(fingerprint, entries) for dest, (fingerprint, entries) in merged.items()}
+    texts = {dest: text for dest, text in texts.items() if not dest.exists() or dest.read_text() != text}
+    for dest, text in texts.items():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(dest, text)
+    return sorted(texts)
+
+
 @dataclass(frozen=True)
 class BaselineFile:
     path: Path

@@ -1,4 +1,5 @@
-"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``budget``."""
+"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget`` (and the wings' ``history``,
+``trend``, ``attribute``, ``serve``)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,20 @@ def _git_tree(root: Path, rev: str) -> dict[str, str]:
                                    text=True, check=True)
             texts[f"{path.parent.name}/{path.stem}"] = shown.stdout
     return texts
+
+
+def _merge(args: argparse.Namespace) -> int:
+    if args.keep < 1:
+        print("moeperf baselines merge: --keep must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        written = baselines.merge_trees(Path(args.into), [Path(s) for s in args.sources], args.keep)
+    except baselines.BaselineError as exc:
+        print(f"moeperf baselines merge: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"merged {path}")
+    return 0
 
 
 def diff_markdown(changes: Sequence[baselines.Change], title: str) -> list[str]:
@@ -103,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--rev", default="HEAD", help="git revision to compare against (default: %(default)s)")
     diff.add_argument("--old", metavar="DIR", help="compare against another baselines directory instead of git")
     diff.set_defaults(func=_diff)
+    merge = base_sub.add_parser("merge", help="merge baselines updated apart (other runners, other device calls) "
+                                "into one directory: each metric keeps the union of its runs")
+    merge.add_argument("sources", nargs="+", metavar="SRC", help="baselines directories to merge in")
+    merge.add_argument("--into", default="baselines", metavar="DIR", help="the directory merged into, also read "
+                       "(default: %(default)s)")
+    merge.add_argument("--keep", type=int, default=baselines.DEFAULT_KEEP_RUNS, metavar="N",
+                       help="runs kept per metric, newest (default: %(default)s)")
+    merge.set_defaults(func=_merge)
     sub.add_parser("budget", help="decode-step time budget from measured GEMMs and all-reduces", add_help=False)
     history_cli.add_subcommands(sub)
     sub.add_parser("attribute", help="per-component decode-step time from a vLLM profiler trace", add_help=False)

@@ -72,3 +72,34 @@ def test_baselines_diff_names_a_missing_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args", [[], ["frobnicate"]])
 def test_unknown_command_is_a_usage_error(args: list[str]) -> None:
     assert moeperf(*args).returncode == 2
+
+
+def test_baselines_merge_joins_the_runs_of_copies_updated_apart(tmp_path: Path) -> None:
+    """Two runners (or two device calls) start from one committed baseline and each append a run: the merge keeps
+    the shared run once and both new ones, and refuses copies measured on another machine."""
+    from pytest_moeperf import baselines
+    from pytest_moeperf.records import Measurement
+
+    def update(root: Path, value: float, date: str, fp_hash: str = "abc") -> None:
+        m = Measurement("suites/x/test_s.py::test_a", "time", (value, value), "us", "lower")
+        baselines.BaselineStore(root, "box").update([m], {"slug": "box", "hash": fp_hash}, {"date": date})
+
+    main, left, right = tmp_path / "main", tmp_path / "left", tmp_path / "right"
+    update(main, 10.0, "2026-12-01T01:00:00")
+    for copy in (left, right):
+        (copy / "box").mkdir(parents=True)
+        (copy / "box" / "test_s.json").write_text((main / "box" / "test_s.json").read_text())
+    update(left, 11.0, "2026-12-01T02:00:00")
+    update(right, 12.0, "2026-12-01T03:00:00")
+    done = moeperf("baselines", "merge", str(left), str(right), "--into", str(main))
+    assert done.returncode == 0, done.stderr
+    entry = baselines.read_file(main / "box" / "test_s.json").entries["suites/x/test_s.py::test_a::time"]
+    assert [r.median for r in entry.all_runs] == [10.0, 11.0, 12.0]
+    assert entry.summary.median == 12.0 and entry.reference().sittings == 3
+    assert [r.median for r in baselines.merge_entries(entry, entry, keep=2).all_runs] == [11.0, 12.0]
+
+    other = tmp_path / "other"
+    update(other, 50.0, "2026-12-01T04:00:00", fp_hash="def")
+    refused = moeperf("baselines", "merge", str(other), "--into", str(main))
+    assert refused.returncode == 2 and "fingerprint def differs from abc" in refused.stderr
+    assert baselines.read_file(main / "box" / "test_s.json").entries[entry.key].summary.median == 12.0
