@@ -1,5 +1,5 @@
-"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget`` (and the wings' ``history``,
-``trend``, ``attribute``, ``serve``)."""
+"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget`` (and the wings'
+``history``, ``trend``, ``attribute``, ``serve``)."""
 
 from __future__ import annotations
 
