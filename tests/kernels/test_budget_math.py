@@ -245,3 +245,20 @@ def test_a_model_with_kimis_per_rank_shapes_reuses_kimis_measurements_and_says_s
     other = build_budget(spec_from_config({**kimi_rank_shaped_spec(tp=2).config(), "num_experts": 128}, "o"), 2, 1,
                          pieces, 7.0)
     assert {r.op: r for r in other.rows}["gate_up"].each_us is None
+
+
+def test_a_fused_moe_piece_moves_to_a_model_with_the_same_routed_block() -> None:
+    """The fused piece covers the whole routed block: it moves only when hidden size, expert intermediate per rank,
+    expert count and top-k all match (Kimi TP8's block is `kimi-shaped-tp1`'s and `-tp2`'s)."""
+    from pytest_moeperf.kernels.models import spec_from_config
+    from pytest_moeperf.serving.tinymodel import kimi_rank_shaped_spec
+
+    fused = Piece("kimi-k2.5", 8, "routed_moe", 1, "marlin_moe", 34.3, "baselines x", "", 7168, 256)
+    for tp in (1, 2):
+        shaped = spec_from_config(kimi_rank_shaped_spec(tp=tp).config(), f"kimi-shaped-tp{tp}")
+        routed = [r for r in build_budget(shaped, tp, 1, [fused], 7.0).rows if r.component == "routed_experts"]
+        assert [(r.each_us, r.count) for r in routed] == [(34.3, 8)], tp
+        assert "same per-rank shape as kimi-k2.5 TP8 routed_moe (7168x256)" in routed[0].source
+    wider = spec_from_config({**kimi_rank_shaped_spec(tp=1).config(), "moe_intermediate_size": 512}, "wider")
+    routed = [r for r in build_budget(wider, 1, 1, [fused], 7.0).rows if r.component == "routed_experts"]
+    assert all(r.op != "routed_moe (gate_up + act + down)" for r in routed)

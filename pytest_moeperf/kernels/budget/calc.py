@@ -262,19 +262,22 @@ def _same_shape(spec: ModelSpec, tp: int, own: Sequence[Piece], pieces: Sequence
     """Pieces of other models (or TP degrees) measured at one of ``spec``'s per-rank shapes at ``tp`` (same op,
     K and N), for ops ``own`` lacks, relabelled as ``spec``'s: a model sized so its per-rank shapes are
     another's (``kimi_rank_shaped_spec``) reuses that model's measurements. Routed-expert pieces also need the
-    same expert count and top-k (the piece covers every expert a batch touches); fused MoE pieces never move."""
+    same expert count and top-k (the piece covers every expert a batch touches); a fused MoE piece (the whole
+    routed block, K = hidden, N = expert intermediate per rank) moves when hidden size, per-rank expert
+    intermediate, expert count and top-k all match."""
     from pytest_moeperf.kernels.models import MODELS
 
     have = {(p.op, p.m, p.impl) for p in own}
     out = []
-    for shape in rank_gemms(spec, tp):
+    routed = (spec.n_routed_experts, spec.experts_per_token)
+    fused = [("routed_experts", FUSED_MOE_OP, spec.hidden_size, spec.moe_intermediate // tp)] if routed[0] else []
+    for component, op, k, n in [(s.component, s.op, s.k, s.n) for s in rank_gemms(spec, tp)] + fused:
         for p in pieces:
-            if (p.op, p.k, p.n) != (shape.op, shape.k, shape.n) or (p.op, p.m, p.impl) in have or p.k == 0:
+            if (p.op, p.k, p.n) != (op, k, n) or (p.op, p.m, p.impl) in have or p.k == 0:
                 continue
-            if shape.component == "routed_experts":
+            if component == "routed_experts":
                 other = MODELS.get(p.model)
-                if other is None or (other.n_routed_experts, other.experts_per_token) != (spec.n_routed_experts,
-                                                                                 spec.experts_per_token):
+                if other is None or (other.n_routed_experts, other.experts_per_token) != routed:
                     continue
             note = f"same per-rank shape as {p.model} TP{p.tp} {p.op} ({p.k}x{p.n})"
             out.append(dataclasses.replace(p, model=spec.name, tp=tp,
