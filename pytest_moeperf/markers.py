@@ -18,6 +18,8 @@ MARKERS = (
     "arch(*names): needs GPUs of one of these architectures, e.g. arch('sm90', 'sm120')",
     "requires(*modules): needs these Python modules to be importable (e.g. 'vllm')",
     "moeperf_threshold(tolerance=None, abs_tolerance=None, noise_k=None): thresholds for the metrics of a test",
+    "moeperf_deadline_inside: the test checks --moeperf-deadline itself (pytest_moeperf.plugin.skip_past_deadline) "
+    "before it starts new work: its result may already have been measured by another test",
     "gemm: GEMM suite",
     "allreduce: AllReduce suite",
     "serving: end-to-end serving suite",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_moeperf.plugin import skip_past_deadline
 from pytest_moeperf.serving.loadgen import ClosedLoop
 from pytest_moeperf.serving.metrics import coalesced, latency_samples, percentile
 from pytest_moeperf.serving.plugin import Pool, profile_params, profiles_for
@@ -162,7 +163,9 @@ def speedup_pairs() -> dict[tuple[str, str], PairResult]:
     return {}
 
 
+@pytest.mark.moeperf_deadline_inside  # one pair measurement serves every concurrency's test
 def test_speedup(
+    request: pytest.FixtureRequest,
     candidate_name: str,
     concurrency: int,
     perf: PerfRecorder,
@@ -188,6 +191,7 @@ def test_speedup(
 
     pair = speedup_pairs.get((reference, candidate.name))
     if pair is None:
+        skip_past_deadline(request.config)
         fit = serve.pool.fits_together(reference, candidate.name)
         pair = measure_pair(serve, reference, candidate.name, wl.concurrencies, rounds, measure, fit_together=fit)
         speedup_pairs[(reference, candidate.name)] = pair

@@ -104,3 +104,42 @@ def test_missing_topology_file_names_the_bundled_ones(pytester: pytest.Pytester,
     result = run_moeperf("--moeperf-topology", "no-such-box")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*'no-such-box' not found (bundled names: 2x-h200-nvlink, 8x-rtx-pro-6000-pcie*"])
+
+
+DEADLINE_TESTS = """
+import time
+import pytest
+from pytest_moeperf.plugin import skip_past_deadline
+
+SHARED = {}
+
+def test_a_measures_for_both(perf):
+    time.sleep(1.2)  # the deadline passes during the shared measurement
+    SHARED["x"] = [1.0, 1.1, 1.0]
+    perf.record("x", SHARED["x"], unit="us")
+
+@pytest.mark.moeperf_deadline_inside
+def test_b_reuses_it(request, perf):
+    if "x" not in SHARED:
+        skip_past_deadline(request.config)
+    perf.record("x_again", SHARED["x"], unit="us")
+
+@pytest.mark.moeperf_deadline_inside
+def test_c_would_start_new_work(request, perf):
+    skip_past_deadline(request.config)
+    perf.record("y", [1.0], unit="us")
+
+def test_d_plain(perf):
+    perf.record("z", [1.0], unit="us")
+"""
+
+
+def test_deadline_lets_a_test_reuse_finished_work_and_skips_new_work(run_moeperf, pytester: pytest.Pytester) -> None:
+    """Seen on 1x H200: the spec-decode pair for every concurrency was measured by the c=1 test, and the c=8 / c=32
+    tests that only report it were skipped by --moeperf-deadline."""
+    pytester.makepyfile(test_deadline=DEADLINE_TESTS)
+    result = run_moeperf("--moeperf-deadline", "1", "-rs", "--moeperf-update")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_deadline.py:23: --moeperf-deadline 1 s passed*"])  # test_c
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *plugin.py:*: --moeperf-deadline 1 s passed*"])  # test_d
+    result.stdout.fnmatch_lines(["*test_b_reuses_it::x_again*NEW"])
