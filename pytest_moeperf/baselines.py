@@ -158,8 +158,7 @@ def merge_trees(target: Path, sources: Iterable[Path], keep: int = DEFAULT_KEEP_
     texts = {dest: dump(fingerprint, entries) for dest, (fingerprint, entries) in merged.items()}
     texts = {dest: text for dest, text in texts.items() if not dest.exists() or dest.read_text() != text}
     for dest, text in texts.items():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, text)
+        atomic_write(dest, text)  # creates the slug directory as needed
     return sorted(texts)
 
 

@@ -16,7 +16,8 @@
 # Hence 150 s after the deadline; a device call needs SERVING_S + 240 s. Leftover servers are killed at the end. Env: KERNELS_S (default 90; 0 skips the kernels), SERVING_S (default 330), ROUNDS
 # (default 1; more rounds need more time than one device call has: run the batch again instead, each update appends
 # a run), PYTHON (default python3), SERVING_K and KERNELS_K (pytest -k of the two runs; defaults below: the TP=2
-# profiles and vLLM's custom all-reduce with 2+ GPUs, the TP=1 profiles and the Kimi Marlin cases with 1).
+# serving profiles with 2+ GPUs, the TP=1 ones with 1; the kernels are vLLM's custom all-reduce, which skips on one
+# GPU, and the Kimi Marlin and fused Marlin MoE cases).
 # shellcheck source=scripts/device_vllm_env.sh
 source "$(dirname "$0")/device_vllm_env.sh"
 PY="${PYTHON:-python3}"; KERNELS_S="${KERNELS_S:-90}"; SERVING_S="${SERVING_S:-330}"; ROUNDS="${ROUNDS:-1}"

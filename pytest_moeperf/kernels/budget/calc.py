@@ -270,8 +270,10 @@ def _same_shape(spec: ModelSpec, tp: int, own: Sequence[Piece], pieces: Sequence
     have = {(p.op, p.m, p.impl) for p in own}
     out = []
     routed = (spec.n_routed_experts, spec.experts_per_token)
-    fused = [("routed_experts", FUSED_MOE_OP, spec.hidden_size, spec.moe_intermediate // tp)] if routed[0] else []
-    for component, op, k, n in [(s.component, s.op, s.k, s.n) for s in rank_gemms(spec, tp)] + fused:
+    shapes = [(s.component, s.op, s.k, s.n) for s in rank_gemms(spec, tp)]
+    if spec.n_routed_experts:  # the fused routed block: K = hidden, N = expert intermediate per rank
+        shapes.append(("routed_experts", FUSED_MOE_OP, spec.hidden_size, spec.moe_intermediate // tp))
+    for component, op, k, n in shapes:
         for p in pieces:
             if (p.op, p.k, p.n) != (op, k, n) or (p.op, p.m, p.impl) in have or p.k == 0:
                 continue
