@@ -111,13 +111,15 @@ def record_serving(
     check_failures(metrics, allowed_failed_rate)
 
 
-def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, *, e2el: bool) -> None:
-    """TTFT (and E2EL) per request; client TPOT per request and pooled mean ITL unless the stream coalesced, which
-    makes every metric of the window INCONCLUSIVE (`Perf.inconclusive`)."""
+def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, *, e2el: bool,
+                     engine_tpot_ms: float | None = None) -> None:
+    """TTFT (and E2EL) per request; client TPOT per request and pooled mean ITL unless the stream coalesced (judged
+    against the engine's TPOT too when the server exports it), which makes every metric of the window INCONCLUSIVE
+    (`Perf.inconclusive`)."""
     samples = latency_samples(window.outcomes)
     if samples["ttft"]:
         perf.record("ttft_ms", samples["ttft"], unit="ms", better="lower", tolerance=tol.ttft)
-    lumped = coalesced(window.outcomes)
+    lumped = coalesced(window.outcomes, engine_tpot_ms)
     if lumped is not None:
         # On a box where the load generator, the API server and the engine share the cores, the server falls
         # behind and sends whole answers at once: client TTFT becomes the delivery delay (seen 21 -> 233 ms on

@@ -63,3 +63,18 @@ def test_an_answer_that_may_end_early_is_not_short() -> None:
     done = stream_outcome(req, sent=0.0, chunks=5, ttft_s=0.01, latency_s=0.05, itl_s=[0.01] * 4,
                           usage={"completion_tokens": 5})  # fmt: skip
     assert done.success and done.output_tokens == 5
+
+
+def test_answers_in_bursts_of_several_chunks_are_coalesced_against_the_engines_tpot() -> None:
+    """Seen in a clean-clone CI run on 2 cores: client TPOT 0.025 ms against the engine's 6.8 ms, TTFT 33 -> 206 ms
+    read REGRESSED, and the chunk rule did not fire (answers came in >= 3 chunks, all at once after the first)."""
+    bursts = [answer(4, ttft=0.6, latency=0.6016) for _ in range(6)]
+    assert coalesced(bursts) is None  # the chunk count alone cannot tell
+    assert "below 0.1 of the engine's 6.8 ms" in str(coalesced(bursts, engine_tpot_ms=6.8))
+    perf = Perf("t")
+    from pytest_moeperf.serving.profiles import Tolerances
+    from pytest_moeperf.serving.recording import record_latencies
+
+    record_latencies(perf, window(bursts), Tolerances(), e2el=False, engine_tpot_ms=6.8)
+    assert "tpot_ms" not in {m.name for m in perf.records} and "below 0.1" in perf.unusable[0]
+    assert coalesced([answer(64) for _ in range(6)], engine_tpot_ms=6.8) is None  # streams at the engine's pace
