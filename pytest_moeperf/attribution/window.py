@@ -12,17 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_moeperf.attribution.trace import worker_traces
 
-__all__ = ["ProfileWindow", "WindowError", "profile_decode_window", "profiler_args"]
+__all__ = ["EndedEarly", "ProfileWindow", "WindowError", "profile_decode_window", "profiler_args"]
 
 
 class WindowError(RuntimeError):
     """The window could not be profiled (profiling off, a stream ended early, no trace appeared)."""
+
+
+class EndedEarly(WindowError):
+    """Streams finished before the profiler was started: nothing was profiled, so the window can be tried again.
+
+    Seen on a 2-core CI box: all 4 streams of 600 tokens reached the client only at their end (the API server
+    fell behind and coalesced the answers), so no stream was still decoding when the window should open."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +121,9 @@ async def _window(base: str, trace_dir: Path, batch: int, decode_tokens: int, ma
             await asyncio.sleep(settle_s)
             ended = [s.chunks for s in streams if s.done.is_set()]
             if ended:
-                raise WindowError(f"{len(ended)} of {batch} streams ended before the window (after {min(ended)} "
-                                  f"chunks): raise max_tokens ({max_tokens}) so the streams outlast it")
+                raise EndedEarly(f"{len(ended)} of {batch} streams ended before the window (after {min(ended)} "
+                                 f"chunks): raise max_tokens ({max_tokens}) so the streams outlast it, unless the "
+                                 "server delivered whole answers at once (a busy host)")
             await _post(session, base + "/start_profile", {"profile_prefix": f"moeperf-b{batch}"})
             t0, seen = time.monotonic(), [s.chunks for s in streams]
             while not all(s.chunks - c >= decode_tokens for s, c in zip(streams, seen, strict=True)):
@@ -157,9 +166,20 @@ async def _new_traces(trace_dir: Path, before: list[Path], timeout_s: float) -> 
 
 def profile_decode_window(base_url: str, trace_dir: Path, *, batch: int, decode_tokens: int = 32,
                           max_tokens: int = 512, prompt: str = "the model expert token layer",
-                          timeout_s: float = 300.0, settle_s: float = 0.2) -> ProfileWindow:
-    """Profile one decode-only window of ``batch`` concurrent streams (blocking; see the module docstring)."""
-    if batch < 1 or decode_tokens < 1:
-        raise ValueError(f"batch and decode_tokens must be >= 1, got {batch}, {decode_tokens}")
-    return asyncio.run(_window(base_url.rstrip("/"), trace_dir, batch, decode_tokens, max_tokens, prompt,
-                               timeout_s, settle_s))
+                          timeout_s: float = 300.0, settle_s: float = 0.2, attempts: int = 3) -> ProfileWindow:
+    """Profile one decode-only window of ``batch`` concurrent streams (blocking; see the module docstring).
+
+    A window whose streams all ended before the profiler could start (:class:`EndedEarly`: nothing was
+    profiled) is tried again with fresh streams, up to ``attempts`` times in all; the last error says how many."""
+    if batch < 1 or decode_tokens < 1 or attempts < 1:
+        raise ValueError(f"batch, decode_tokens and attempts must be >= 1, got {batch}, {decode_tokens}, {attempts}")
+    for attempt in range(1, attempts + 1):
+        try:
+            return asyncio.run(_window(base_url.rstrip("/"), trace_dir, batch, decode_tokens, max_tokens, prompt,
+                                       timeout_s, settle_s))
+        except EndedEarly as exc:
+            if attempt == attempts:
+                raise EndedEarly(f"{exc} (in each of {attempts} attempts)") from None
+            print(f"moeperf attribute: batch {batch}, attempt {attempt} of {attempts}: {exc}; trying again",
+                  file=sys.stderr)
+    raise AssertionError("unreachable")

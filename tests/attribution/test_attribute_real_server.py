@@ -33,7 +33,7 @@ from pathlib import Path
 
 def test_decode_attribution(attribution):
     a = attribution.profile(os.environ["MOEPERF_TEST_URL"], Path(os.environ["MOEPERF_TEST_TRACES"]), batch=4,
-                            decode_tokens=6, max_tokens=600)
+                            decode_tokens=6, max_tokens=900)
     assert a.batch == 4 and a.steps >= 2
 """
 
@@ -68,7 +68,7 @@ def test_cli_attributes_a_decode_window(profiled_server: tuple[str, Path], tmp_p
     url, traces = profiled_server
     out = tmp_path / "attribution.json"
     rc = main_attribute(["--url", url, "--trace-dir", str(traces), "--batch", "1",
-                         "--decode-tokens", "6", "--max-tokens", "600", "--json", str(out)])
+                         "--decode-tokens", "6", "--max-tokens", "900", "--json", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     (a,) = json.loads(out.read_text())
