@@ -54,7 +54,7 @@ def probe_software(with_nccl: bool) -> dict[str, str]:
         try:
             import torch
 
-            nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+            nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call, unused-ignore]
             versions["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
             if torch.version.cuda:
                 versions["torch_cuda"] = str(torch.version.cuda)

@@ -58,7 +58,7 @@ def build_impl(rank: Rank, task: AllReduceTask) -> Impl:
 
         info: dict[str, str] = {}
         if task.backend == "nccl":
-            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call, unused-ignore]
             info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
         return Impl(buf, run_pg, info)
     if task.backend.startswith("symm_mem_"):
@@ -104,7 +104,7 @@ def _build_symm_mem(rank: Rank, task: AllReduceTask, numel: int, dtype: torch.dt
 
     def run_symm() -> torch.Tensor:
         out = op(view, "sum", group_name)
-        return view if out is None else out  # type: ignore[no-any-return]
+        return view if out is None else out  # type: ignore[no-any-return, unused-ignore]
 
     info: dict[str, str] = {}
     try:

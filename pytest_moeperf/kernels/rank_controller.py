@@ -162,7 +162,7 @@ class RankGroup:
     def _start(self) -> None:
         import torch.distributed as dist
 
-        self._store = dist.TCPStore(  # type: ignore[attr-defined]
+        self._store = dist.TCPStore(  # type: ignore[attr-defined, unused-ignore]
             "127.0.0.1", 0, self.world_size + 1, is_master=True, timeout=timedelta(seconds=self.start_timeout_s),
             wait_for_workers=False)
         env_common = dict(os.environ)

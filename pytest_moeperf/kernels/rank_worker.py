@@ -78,7 +78,7 @@ def _init_process_group(rank: Rank) -> None:
 
     host, port = os.environ["MOEPERF_RANK_STORE"].rsplit(":", 1)
     timeout = timedelta(seconds=float(os.environ["MOEPERF_RANK_TIMEOUT"]))  # start and collectives
-    store = dist.TCPStore(  # type: ignore[attr-defined]
+    store = dist.TCPStore(  # type: ignore[attr-defined, unused-ignore]
         host, int(port), rank.world_size + 1, is_master=False, timeout=timeout)
     if rank.backend == "nccl":
         torch.cuda.set_device(rank.rank)

@@ -58,7 +58,7 @@ def vllm_bench(ns: argparse.Namespace, seed: int) -> dict[str, Any]:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser()  # type: ignore[no-untyped-call]
+    parser = FlexibleArgumentParser()  # type: ignore[no-untyped-call, unused-ignore]
     add_cli_args(parser)
     args = parser.parse_args(bench_argv(ns, seed))
     printed = io.StringIO()

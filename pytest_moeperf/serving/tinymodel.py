@@ -211,7 +211,7 @@ def _write_model(directory: Path, spec: TinyMoeSpec) -> None:
     tokenizer.train_from_iterator(_corpus(spec.corpus_seed), trainer=trainer)
     if tokenizer.get_vocab_size() > spec.vocab_size:
         raise RuntimeError(f"tokenizer has {tokenizer.get_vocab_size()} tokens, more than {spec.vocab_size}")
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call, unused-ignore]
         tokenizer_object=tokenizer,
         eos_token=EOS,
         bos_token=EOS,
