@@ -26,6 +26,7 @@ from pytest_moeperf.health_record import HealthReport, health_key
 from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.records import Measurement, Section, suite_of
 from pytest_moeperf.settings import Settings
+from pytest_moeperf.shift import family_shifts, shift_notes, shift_sections
 from pytest_moeperf.thresholds import Reference, Threshold, ThresholdError, resolve_threshold
 from pytest_moeperf.topology import Topology
 from pytest_moeperf.verdict import Status, Verdict, inconclusive, missing
@@ -245,7 +246,6 @@ class MoePerfSession:
                 self.foreign.append(f"{self.store.path(suite)} was recorded on a machine with fingerprint hash "
                                     f"{other}; this one ({self.fingerprint.slug}) is {self.fingerprint.hash}")
 
-    # ------------------------------------------------------------------------------------------ finishing
     def provenance(self) -> dict[str, Any]:
         commit = git_commit_info(Path(self.config.rootpath))
         return {"date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
@@ -277,17 +277,18 @@ class MoePerfSession:
         """MISSING, fingerprint check, extra tables, the baseline update (only for a session that ran to its
         end) and the reports. True when the session must fail for it (update failed; strict and undecided)."""
         self._noise.close()  # the noise model's reader; the history write below opens its own connection
-        if self._noise.problem:
-            self.notes.append(self._noise.problem)
+        self.notes += [self._noise.problem] if self._noise.problem else []
         self.verdicts += self.find_missing()
         self.check_fingerprints()
         try:
             results: list[list[Section]] = self.config.hook.pytest_moeperf_report_sections(
                 config=self.config, measurements=list(self.measurements))
-            for result in results:
-                self.sections.extend(result)
+            self.sections += [section for result in results for section in result]
         except Exception as exc:  # noqa: BLE001 - a broken extra table must not lose the run's results
             self.errors.append(f"report sections failed: {type(exc).__name__}: {exc}")
+        shifts = family_shifts(self.verdicts)  # report-only: the families whose cases all moved together
+        self.sections += shift_sections(shifts)
+        self.notes += shift_notes(shifts)
         if self.settings.update:
             if stopped:
                 self.errors.append("baselines not updated: the session was interrupted or stopped early "
@@ -394,7 +395,6 @@ class MoePerfSession:
 def _by_name(rounds: tuple[tuple[Measurement, ...], ...]) -> dict[str, list[Measurement]]:
     """Each metric's measurements across the rounds of a test, in recording order."""
     grouped: dict[str, list[Measurement]] = {}
-    for records in rounds:
-        for m in records:
-            grouped.setdefault(m.name, []).append(m)
+    for m in (m for records in rounds for m in records):
+        grouped.setdefault(m.name, []).append(m)
     return grouped

@@ -1,0 +1,85 @@
+"""Machine shift: a whole family of metrics that moved together is reported, with its relative outliers, and no
+verdict changes. Pure units, then a real pytest session against baselines it recorded itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_moeperf.shift import family_shifts, shift_notes, shift_sections, sign_test_p
+from pytest_moeperf.stats import summarize
+from pytest_moeperf.verdict import Status, Verdict
+
+
+def _verdict(case: str, change: float, *, name: str = "time", better: str = "lower", allowed: float = 0.05,
+             status: Status = Status.PASS, family: str = "suites/gemm/test_gemm.py") -> Verdict:
+    return Verdict(f"{family}::test_gemm[{case}]::{name}", name, "us", better, status, summarize([1.0 + change]),
+                   (1.0 + change,), reference=1.0, runs=10, change=change, allowed=allowed)
+
+
+def test_sign_test_is_the_exact_binomial() -> None:
+    assert sign_test_p(0, 0) == 1.0
+    assert sign_test_p(8, 0) == pytest.approx(2 / 256)
+    assert sign_test_p(5, 5) == 1.0
+    assert sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024)
+
+
+def test_a_family_that_moved_together_is_found_with_its_relative_outlier() -> None:
+    moved = [_verdict(f"c{i}", -0.20 + 0.01 * (i % 3)) for i in range(9)]
+    odd = _verdict("odd", -0.02)  # inside its 5 % in absolute terms, +22 % against the family's -20 %
+    quiet = [_verdict(f"q{i}", 0.02 * (-1) ** i, name="tflops", better="higher") for i in range(10)]
+    (shift,) = family_shifts([*moved, odd, *quiet])
+    assert (shift.family, shift.name, shift.cases, shift.same_direction) == ("suites/gemm/test_gemm.py", "time", 10, 10)
+    assert shift.word == "better" and shift.median_change == pytest.approx(-0.19)
+    assert [o.key.split("[")[1].split("]")[0] for o in shift.outliers] == ["odd"]
+    (section,) = shift_sections([shift])
+    assert section.rows[0][:4] == ("suites/gemm/test_gemm.py", "time", "10 of 10 better", "-19.0 %")
+    assert "test_gemm[odd] +21.0 % (threshold 5.0 %)" in section.note
+    (line,) = shift_notes([shift])
+    assert "1 metric family moved together (test_gemm.py time -19.0 % (10 of 10))" in line
+
+
+def test_too_few_cases_a_small_move_or_mixed_directions_are_no_shift() -> None:
+    assert family_shifts([_verdict(f"c{i}", -0.3) for i in range(7)]) == []  # 7 of 7: p = 0.016
+    assert family_shifts([_verdict(f"c{i}", -0.04) for i in range(20)]) == []  # below the 5 % minimum
+    assert family_shifts([_verdict(f"c{i}", 0.3 * (-1) ** i) for i in range(20)]) == []
+    regressed = [_verdict(f"c{i}", 0.2) for i in range(9)] + [_verdict("bad", 0.9, status=Status.REGRESSED)]
+    (shift,) = family_shifts(regressed)
+    assert shift.word == "worse" and shift.outliers == ()  # a REGRESSED case is already a verdict
+    assert shift_sections([]) == [] and shift_notes([]) == []
+
+
+CASES = """
+import os, pytest
+
+@pytest.mark.parametrize("case", range(10))
+def test_kernel(perf, case):
+    scale = float(os.environ.get("SCALE", "1"))
+    if case == 9:
+        scale = float(os.environ.get("SCALE_9", scale))
+    perf.record("time", [s * scale for s in (100.0, 100.5, 99.5, 100.2, 99.8)], unit="us")
+"""
+
+
+def test_a_session_on_a_faster_machine_reports_the_shift_and_keeps_its_verdicts(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_cases=CASES)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=10)
+    monkeypatch.setenv("SCALE", "0.8")  # every case 20 % faster: the machine, not the code
+    monkeypatch.setenv("SCALE_9", "0.97")  # one case only 3 % faster: inside its threshold, +21 % relative
+    report = pytester.path / "report.json"
+    result = run_moeperf(f"--moeperf-report={report}")
+    result.assert_outcomes(passed=10)
+    result.stdout.fnmatch_lines([
+        "*test_cases.py::test_kernel?9?::time*PASS",
+        "Machine shift: whole families moved together",
+        "*test_cases.py*time*10 of 10 better*-20.0 %*",
+        "*Relative outliers: test_cases.py time: test_kernel?9? +21.2 % (threshold 5.0 %)*",
+        "moeperf: machine shift: 1 metric family moved together (test_cases.py time -20.0 % (10 of 10))*",
+    ])
+    doc = json.loads(report.read_text())
+    (section,) = [s for s in doc["moeperf"]["sections"] if s["title"].startswith("Machine shift")]
+    assert section["rows"][0][2] == "10 of 10 better"
+    statuses = {r["verdict"]["key"].split("::")[1]: r["verdict"]["status"] for r in doc["moeperf"]["results"]}
+    assert statuses["test_kernel[9]"] == "PASS" and statuses["test_kernel[0]"] == "IMPROVED"
