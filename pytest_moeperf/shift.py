@@ -56,6 +56,8 @@ class Shift:
     p: float  # two-sided sign test
     median_allowed: float
     outliers: tuple[Outlier, ...]
+    improved: int = 0  # IMPROVED verdicts in the family
+    regressed: int = 0  # REGRESSED verdicts in the family
 
     @property
     def word(self) -> str:
@@ -101,7 +103,9 @@ def family_shifts(verdicts: Sequence[Verdict], alpha: float = ALPHA, min_shift: 
         outliers.sort(key=lambda o: _worse(first.better, o.relative) - o.allowed, reverse=True)
         shifts.append(Shift(family, name, first.unit, first.better, len(members), plus if median > 0 else minus,
                             median, min(changes), max(changes), p,
-                            stats.median([v.allowed for v in members if v.allowed is not None]), tuple(outliers)))
+                            stats.median([v.allowed for v in members if v.allowed is not None]), tuple(outliers),
+                            sum(1 for v in members if v.status is Status.IMPROVED),
+                            sum(1 for v in members if v.status is Status.REGRESSED)))
     return shifts
 
 
@@ -144,5 +148,8 @@ def shift_notes(shifts: Sequence[Shift]) -> list[str]:
     named = ", ".join(f"{s.family.rsplit('/', 1)[-1]} {s.name} {_pct(s.median_change)} ({s.same_direction} of "
                       f"{s.cases})" for s in shifts[:3])
     more = f" and {len(shifts) - 3} more" if len(shifts) > 3 else ""
+    improved, regressed = sum(s.improved for s in shifts), sum(s.regressed for s in shifts)
+    flagged = (f"; {improved} IMPROVED and {regressed} REGRESSED verdicts are in them: look at the machine before "
+               "re-recording or bisecting") if improved or regressed else ""
     return [f"moeperf: machine shift: {len(shifts)} metric famil{'y' if len(shifts) == 1 else 'ies'} moved together "
-            f"({named}{more}): see 'Machine shift' in the report"]
+            f"({named}{more}){flagged}; see 'Machine shift' in the report"]
