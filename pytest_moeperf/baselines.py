@@ -175,6 +175,9 @@ def read_file(path: Path) -> BaselineFile:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise BaselineError(f"baseline file {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise BaselineError(f"baseline file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                            "left untouched") from None
     except json.JSONDecodeError as exc:
         raise BaselineError(f"baseline file {path} is corrupt: {exc}; fix or delete it "
                             "(it was left untouched)") from None
@@ -186,8 +189,11 @@ def read_file(path: Path) -> BaselineFile:
     metrics = data["metrics"]
     if not isinstance(metrics, dict):
         raise BaselineError(f"baseline file {path}: 'metrics' must be an object; left untouched")
+    fingerprint = data.get("fingerprint", {})
+    if not isinstance(fingerprint, dict):
+        raise BaselineError(f"baseline file {path}: 'fingerprint' must be an object; left untouched")
     entries = {key: BaselineEntry.from_json(key, value, str(path)) for key, value in metrics.items()}
-    return BaselineFile(path=path, fingerprint=dict(data.get("fingerprint", {})), entries=entries)
+    return BaselineFile(path=path, fingerprint=dict(fingerprint), entries=entries)
 
 
 def dump(fingerprint: Mapping[str, Any], entries: Mapping[str, BaselineEntry]) -> str:
@@ -306,7 +312,10 @@ def parse_tree_texts(texts: Mapping[str, str]) -> dict[str, dict[str, BaselineEn
         except json.JSONDecodeError as exc:
             raise BaselineError(f"baseline file {name}.json is corrupt: {exc}") from None
         where = f"{name}.json"
-        tree[name] = {k: BaselineEntry.from_json(k, v, where) for k, v in data.get("metrics", {}).items()}
+        metrics = data.get("metrics", {}) if isinstance(data, dict) else None
+        if not isinstance(metrics, dict):
+            raise BaselineError(f"baseline file {where} is not a moeperf baseline (no 'metrics' object)")
+        tree[name] = {k: BaselineEntry.from_json(k, v, where) for k, v in metrics.items()}
     return tree
 
 

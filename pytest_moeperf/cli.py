@@ -11,7 +11,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_moeperf import baselines, probe, report, topology
+from pytest_moeperf.cliargs import at_least, describe, output_path
 from pytest_moeperf.history import cli as history_cli
+
+
+def _json_target(text: str) -> str:
+    """``--json``'s PATH: ``-`` (stdout) or a writable file path."""
+    return text if text == "-" else str(output_path(text))
+
+
+def _need_dir(path: Path) -> None:
+    """A baselines directory that is missing or a file is named as such (before anything is read)."""
+    if path.exists() and not path.is_dir():
+        raise baselines.BaselineError(f"baselines directory {path} is a file, not a directory")
 
 
 def _topology(args: argparse.Namespace) -> int:
@@ -25,7 +37,11 @@ def _topology(args: argparse.Namespace) -> int:
         if args.json == "-":
             sys.stdout.write(text)
         else:
-            baselines.atomic_write(Path(args.json), text)
+            try:
+                baselines.atomic_write(Path(args.json), text)
+            except OSError as exc:
+                print(f"moeperf topology: cannot write {args.json}: {describe(exc)}", file=sys.stderr)
+                return 2
             print(f"wrote {args.json} ({topo.fingerprint.slug})")
         return 0
     print("\n".join(topology.render(topo)))
@@ -53,16 +69,18 @@ def _git_tree(root: Path, rev: str) -> dict[str, str]:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    if args.keep < 1:
-        print("moeperf baselines merge: --keep must be at least 1", file=sys.stderr)
-        return 2
+    into, sources = Path(args.into), [Path(s) for s in args.sources]
     try:
-        written = baselines.merge_trees(Path(args.into), [Path(s) for s in args.sources], args.keep)
-    except baselines.BaselineError as exc:
-        print(f"moeperf baselines merge: {exc}", file=sys.stderr)
+        for root in (into, *sources):
+            _need_dir(root)
+        written = baselines.merge_trees(into, sources, args.keep)
+    except (baselines.BaselineError, OSError, ValueError) as exc:
+        print(f"moeperf baselines merge: {describe(exc)}", file=sys.stderr)
         return 2
     for path in written:
         print(f"merged {path}")
+    if not written:
+        print(f"{into} is up to date: nothing to merge")
     return 0
 
 
@@ -82,15 +100,20 @@ def diff_markdown(changes: Sequence[baselines.Change], title: str) -> list[str]:
 def _diff(args: argparse.Namespace) -> int:
     root = Path(args.baselines)
     try:
+        _need_dir(root)
         new = baselines.load_tree(root)
         if args.old:
+            _need_dir(Path(args.old))
             old = baselines.load_tree(Path(args.old))
             title = f"{args.old} → {root}"
         else:
             old = baselines.parse_tree_texts(_git_tree(root, args.rev))
             title = f"{args.rev} → working tree"
-    except (baselines.BaselineError, subprocess.CalledProcessError) as exc:
-        print(f"moeperf baselines diff: {exc}", file=sys.stderr)
+    except subprocess.CalledProcessError as exc:
+        print(f"moeperf baselines diff: git show at {args.rev}: {describe(exc)}", file=sys.stderr)
+        return 2
+    except (baselines.BaselineError, OSError, ValueError) as exc:
+        print(f"moeperf baselines diff: {describe(exc)}", file=sys.stderr)
         return 2
     print("\n".join(diff_markdown(baselines.diff_trees(old, new), title)))
     return 0
@@ -107,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     topo = sub.add_parser("topology", help="print this machine's GPUs, links and fingerprint")
     topo.add_argument("--topology", metavar="FILE", help="read a topology file (or bundled name) instead of probing")
-    topo.add_argument("--json", nargs="?", const="-", metavar="PATH",
+    topo.add_argument("--json", nargs="?", const="-", metavar="PATH", type=_json_target,
                       help="write the topology file format (to PATH, or stdout) that --moeperf-topology reads")
     topo.set_defaults(func=_topology)
     base = sub.add_parser("baselines", help="inspect stored baselines")
@@ -123,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("sources", nargs="+", metavar="SRC", help="baselines directories to merge in")
     merge.add_argument("--into", default="baselines", metavar="DIR", help="the directory merged into, also read "
                        "(default: %(default)s)")
-    merge.add_argument("--keep", type=int, default=baselines.DEFAULT_KEEP_RUNS, metavar="N",
+    merge.add_argument("--keep", type=at_least(1), default=baselines.DEFAULT_KEEP_RUNS, metavar="N",
                        help="runs kept per metric, newest (default: %(default)s)")
     merge.set_defaults(func=_merge)
     sub.add_parser("budget", help="decode-step time budget from measured GEMMs and all-reduces", add_help=False)

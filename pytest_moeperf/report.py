@@ -177,10 +177,13 @@ def benchmark_metrics(document: Any) -> list[tuple[str, str, str, dict[str, Any]
     if not isinstance(document, dict) or not isinstance(document.get("benchmarks"), list):
         raise ValueError("not a moeperf JSON report (no 'benchmarks' list)")
     out = []
-    for b in document["benchmarks"]:
-        info = b.get("extra_info", {})
-        out.append((str(b.get("fullname", "")), str(info.get("metric", "")), str(info.get("unit", "")),
-                    dict(b.get("params") or {}), float(b["stats"]["median"])))
+    for i, b in enumerate(document["benchmarks"]):
+        try:
+            info = b.get("extra_info", {})
+            out.append((str(b.get("fullname", "")), str(info.get("metric", "")), str(info.get("unit", "")),
+                        dict(b.get("params") or {}), float(b["stats"]["median"])))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"benchmarks[{i}] is malformed ({type(exc).__name__}: {exc})") from None
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf.cliargs import at_least
 from pytest_moeperf.history.plugin import parse_history_option
 
 
@@ -36,24 +37,14 @@ def parse_seconds(text: str) -> float:
     return value
 
 
-def _integer(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-    return value
-
-
 def parse_count(text: str) -> int:
     """An integer >= 0."""
-    return _integer(text, 0)
+    return at_least(0)(text)
 
 
 def parse_positive(text: str) -> int:
     """An integer >= 1."""
-    return _integer(text, 1)
+    return at_least(1)(text)
 
 
 def parse_factor(text: str) -> float:

@@ -202,10 +202,26 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     return value
 
 
+_GPU_TYPES: dict[str, Any] = {"index": int, "uuid": str, "memory_bytes": int, "pcie_gen": (int, type(None)),
+                               "pcie_width": (int, type(None)), "power_limit_w": (int, float, type(None)),
+                               "max_sm_clock_mhz": (int, type(None)), "max_mem_clock_mhz": (int, type(None)),
+                               "numa_node": (int, type(None)), "cpu_affinity": (str, type(None))}
+
+
+def _optional(data: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, where: str) -> Any:
+    return _require(data, key, kind, where) if key in data else default
+
+
 def load_topology(name_or_path: Path | str) -> Topology:
     path = resolve_topology_path(name_or_path)
+    if path.is_dir():
+        raise TopologyError(f"topology file {path} is a directory")
     try:
         data = json.loads(path.read_text())
+    except OSError as exc:
+        raise TopologyError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise TopologyError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -225,26 +241,34 @@ def load_topology(name_or_path: Path | str) -> Topology:
         unknown = set(raw) - known
         if unknown:
             raise TopologyError(f"{where}: unknown field(s) {sorted(unknown)}")
+        for key, kind in _GPU_TYPES.items():
+            _optional(raw, key, kind, None, where)
         gpus.append(Gpu(**{**raw, "index": raw.get("index", i), "name": _require(raw, "name", str, where),
                            "compute_capability": (cc[0], cc[1])}))
     links: list[Link] = []
-    for i, raw in enumerate(data.get("links", [])):
+    for i, raw in enumerate(_optional(data, "links", list, [], str(path))):
         where = f"{path}: links[{i}]"
+        if not isinstance(raw, dict):
+            raise TopologyError(f"{where}: expected an object")
         kind = _require(raw, "kind", str, where)
         if kind not in LINK_KINDS:
             raise TopologyError(f"{where}: kind {kind!r} is not one of {', '.join(LINK_KINDS)}")
         a, b = _require(raw, "a", int, where), _require(raw, "b", int, where)
         if not (0 <= a < len(gpus) and 0 <= b < len(gpus)) or a == b:
             raise TopologyError(f"{where}: a={a}, b={b} must name two different GPUs of {len(gpus)}")
-        links.append(Link(a, b, kind, nvlinks=int(raw.get("nvlinks", 0)), p2p=bool(raw.get("p2p", False))))
+        links.append(Link(a, b, kind, nvlinks=_optional(raw, "nvlinks", int, 0, where),
+                          p2p=_optional(raw, "p2p", bool, False, where)))
     pairs = {frozenset((x.a, x.b)) for x in links}
     missing = [(a, b) for a in range(len(gpus)) for b in range(a + 1, len(gpus)) if frozenset((a, b)) not in pairs]
     if missing:
         raise TopologyError(f"{path}: links missing for GPU pair(s) {missing[:4]}{' …' if len(missing) > 4 else ''}")
-    host_raw = data.get("host") or {}
+    host_raw = _optional(data, "host", (dict, type(None)), None, str(path)) or {}
+    where = f"{path}: host"
     host = Host(cpu_model=str(host_raw.get("cpu_model", "unknown")), arch=str(host_raw.get("arch", "x86_64")),
-                cores=int(host_raw.get("cores", 1)), memory_bytes=int(host_raw.get("memory_bytes", 0)))
-    software = {str(k): str(v) for k, v in (data.get("software") or {}).items()}
+                cores=_optional(host_raw, "cores", int, 1, where),
+                memory_bytes=_optional(host_raw, "memory_bytes", int, 0, where))
+    software_raw = _optional(data, "software", (dict, type(None)), None, str(path)) or {}
+    software = {str(k): str(v) for k, v in software_raw.items()}
     return Topology(gpus=tuple(gpus), links=tuple(links), host=host, driver_version=data.get("driver_version"),
                     cuda_version=data.get("cuda_version"), software=software, source=str(path))
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pytest_moeperf.cliargs import at_least, describe, number_in, output_path, pvalue
 from pytest_moeperf.history.plugin import HISTORY_DIR, HISTORY_FILE
 from pytest_moeperf.history.records import Point
 from pytest_moeperf.history.store import HistoryError, HistoryStore, is_postgresql, match_keys, redact, sqlite_path
@@ -35,8 +36,16 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 def _open(args: argparse.Namespace) -> HistoryStore:
     target = getattr(args, "db", None) or default_target()
-    if not is_postgresql(target) and not sqlite_path(target).exists():
-        raise HistoryError(f"no history at {target} (run pytest with --moeperf-history, or pass --db URL|PATH)")
+    if not is_postgresql(target):
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
+        if scheme and scheme.group(1) != "sqlite":
+            raise HistoryError(f"{redact(target)}: a history is a SQLite path (or sqlite:///PATH) or a "
+                               f"postgresql:// URL, not {scheme.group(1)}://")
+        path = sqlite_path(target)
+        if not path.exists():
+            raise HistoryError(f"no history at {target} (run pytest with --moeperf-history, or pass --db URL|PATH)")
+        if path.is_dir():
+            raise HistoryError(f"{target} is a directory, not a history database file")
     return HistoryStore.open(target)
 
 
@@ -73,7 +82,7 @@ def _history(args: argparse.Namespace) -> int:
         if args.action == "show":
             lines = show_lines(store, args.metrics, args.fingerprint)
             if not lines:
-                print(f"moeperf history: no metric matches {' '.join(args.metrics)}", file=sys.stderr)
+                print(f"moeperf history: no metric matches {_wanted(args)}", file=sys.stderr)
                 return 2
         else:
             lines = list_lines(store, args.fingerprint, getattr(args, "limit", None))
@@ -89,26 +98,36 @@ def plot_path(base: Path, key: str, fingerprint: str, many: bool) -> Path:
     return base.with_name(f"{base.stem}-{name}{base.suffix or '.png'}")
 
 
+def _wanted(args: argparse.Namespace) -> str:
+    where = f" in the runs of fingerprint {args.fingerprint}" if args.fingerprint else ""
+    return " ".join(args.metrics) + where
+
+
 def _trend(args: argparse.Namespace) -> int:
     from pytest_moeperf.history import plots, trend
+
+    fmt = "png" if args.plot is None else (args.plot.suffix.lstrip(".") or "png").lower()
+    if fmt not in plots.FORMATS:  # before any history is read
+        print(f"moeperf trend: --plot wants a .png or .svg path, got {args.plot}", file=sys.stderr)
+        return 2
 
     with _open(args) as store:
         found = trend.trends(store, args.metrics, args.fingerprint, args.max_pvalue, args.min_magnitude, args.window)
     if not found:
-        print(f"moeperf trend: no metric matches {' '.join(args.metrics)}", file=sys.stderr)
+        print(f"moeperf trend: no metric matches {_wanted(args)}", file=sys.stderr)
         return 2
     lines: list[str] = []
     for item in found:
         lines += trend.step_lines(item)
     if args.plot is not None:
-        fmt = (args.plot.suffix.lstrip(".") or "png").lower()
-        if fmt not in plots.FORMATS:
-            print(f"moeperf trend: --plot wants a .png or .svg path, got {args.plot}", file=sys.stderr)
-            return 2
         for item in found:
             path = plot_path(args.plot, item.key, item.fingerprint, len(found) > 1)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(plots.trend_plot(item, fmt))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(plots.trend_plot(item, fmt))
+            except OSError as exc:
+                print(f"moeperf trend: cannot write {path}: {describe(exc)}", file=sys.stderr)
+                return 2
             lines.append(f"wrote {path}")
     print("\n".join(lines))
     return 0
@@ -121,7 +140,7 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         try:
             return handler(args)
         except HistoryError as exc:
-            print(f"moeperf {args.command}: {exc}", file=sys.stderr)
+            print(f"moeperf {args.command}: {describe(exc)}", file=sys.stderr)
             return 2
 
     return run
@@ -138,19 +157,19 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     history = sub.add_parser("history", parents=[common], help="runs in the perf history and a metric's series")
     actions = history.add_subparsers(dest="action")
     listing = actions.add_parser("list", parents=[common], help="the runs, oldest first (the default action)")
-    listing.add_argument("--limit", type=int, metavar="N", help="only the last N runs")
+    listing.add_argument("--limit", type=at_least(1), metavar="N", help="only the last N runs")
     show = actions.add_parser("show", parents=[common], help="each named metric's value per run")
     show.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
     history.set_defaults(func=_guarded(_history), action="list", fingerprint=None)
     trend = sub.add_parser("trend", parents=[common], help="change points in metrics' histories (Apache Otava)")
     trend.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
-    trend.add_argument("--plot", type=Path, metavar="PATH",
+    trend.add_argument("--plot", type=output_path, metavar="PATH",
                        help="draw each trend to PATH (.png or .svg; several: the metric goes into each name)")
-    trend.add_argument("--max-pvalue", type=float, default=MAX_PVALUE, metavar="P",
+    trend.add_argument("--max-pvalue", type=pvalue, default=MAX_PVALUE, metavar="P",
                        help="significance of a change point (default: %(default)s)")
-    trend.add_argument("--min-magnitude", type=float, default=MIN_MAGNITUDE, metavar="FRAC",
+    trend.add_argument("--min-magnitude", type=number_in(0.0), default=MIN_MAGNITUDE, metavar="FRAC",
                        help="smallest relative step reported (default: %(default)s)")
-    trend.add_argument("--window", type=int, default=WINDOW, metavar="RUNS",
+    trend.add_argument("--window", type=at_least(2), default=WINDOW, metavar="RUNS",
                        help="sliding window of the split step, in runs (default: %(default)s)")
     trend.set_defaults(func=_guarded(_trend), fingerprint=None)
 

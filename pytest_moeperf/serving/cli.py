@@ -19,7 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from pytest_moeperf.cliargs import describe, number_in, output_path
+
 __all__ = ["main_serve"]
+
+DEFAULT_PROFILES = Path("suites/serving/profiles")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where generated models are written (default: %(default)s)")
     p.add_argument("--log-dir", metavar="DIR", type=Path, default=Path(".moeperf/logs"),
                    help="the server's log goes here (default: %(default)s)")
-    p.add_argument("--timeout", metavar="S", type=float, default=600.0,
+    p.add_argument("--timeout", metavar="S", type=number_in(0.0, strict=True), default=600.0,
                    help="seconds to wait for /health (default: %(default)s)")
-    p.add_argument("--url-file", metavar="PATH", type=Path, help="also write the base URL to PATH once healthy")
+    p.add_argument("--url-file", metavar="PATH", type=output_path, help="also write the base URL to PATH once healthy")
     return p
 
 
@@ -57,10 +61,19 @@ def main_serve(argv: Sequence[str] | None = None) -> int:
         print(f"moeperf serve: {message}", file=sys.stderr)
         return 2
 
+    if not args.profiles and not DEFAULT_PROFILES.is_dir():
+        return fail(f"no {DEFAULT_PROFILES} here: run from the project root or pass --profiles DIR")
+    folders = args.profiles or [DEFAULT_PROFILES]
+    for option, folder in [("--profiles", f) for f in folders] + [
+            ("--profiler-dir", args.profiler_dir), ("--model-cache", args.model_cache), ("--log-dir", args.log_dir)]:
+        if folder is not None and folder.exists() and not folder.is_dir():
+            return fail(f"{option} {folder} is a file, not a directory")
     try:
-        profiles = load_profile_dirs(args.profiles or [Path("suites/serving/profiles")])
+        profiles = load_profile_dirs(folders)
     except (OSError, ProfileError) as exc:
-        return fail(str(exc))
+        return fail(describe(exc))
+    if not profiles:
+        return fail(f"no profile {args.profile!r}: {', '.join(map(str, folders))} holds no *.json profiles")
     if args.profile not in profiles:
         return fail(f"no profile {args.profile!r}; known: {', '.join(sorted(profiles))}")
     profile = profiles[args.profile]
@@ -72,11 +85,14 @@ def main_serve(argv: Sequence[str] | None = None) -> int:
             return fail(reason)
         env.update(emulation.emulation_env(args.interconnect_emulation))
     extra: tuple[str, ...] = ()
-    if args.profiler_dir is not None:
-        args.profiler_dir.mkdir(parents=True, exist_ok=True)
-        extra = tuple(profiler_args(args.profiler_dir))
+    try:
+        if args.profiler_dir is not None:
+            args.profiler_dir.mkdir(parents=True, exist_ok=True)
+            extra = tuple(profiler_args(args.profiler_dir))
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return fail(f"cannot create a directory: {describe(exc)}")
     profile = dataclasses.replace(profile, env=env, vllm_args=(*profile.vllm_args, *extra))
-    args.log_dir.mkdir(parents=True, exist_ok=True)
     pool = ServerPool({profile.name: profile}, timeout_s=args.timeout, gpu_count=topology.gpu_count,
                       model_cache=args.model_cache.resolve(), log_dir=args.log_dir)
     stop, launched = threading.Event(), threading.Event()
@@ -100,7 +116,12 @@ def main_serve(argv: Sequence[str] | None = None) -> int:
         print(f"moeperf serve: {profile.name} healthy after {served.startup_s:.1f} s at {url}"
               f"{f' under {args.interconnect_emulation}' if args.interconnect_emulation else ''}", flush=True)
         if args.url_file is not None:
-            args.url_file.write_text(url + "\n")
+            try:
+                args.url_file.parent.mkdir(parents=True, exist_ok=True)
+                args.url_file.write_text(url + "\n")
+            except OSError as exc:
+                served.server.stop()
+                return fail(f"cannot write --url-file {args.url_file}: {describe(exc)}")
         try:
             while not stop.wait(1.0):
                 served.server.alive_or_raise()

@@ -211,6 +211,10 @@ def load_profiles(directory: Path, known: Mapping[str, ServeProfile] | None = No
 def _from_json(path: Path) -> ServeProfile:
     try:
         raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: not JSON: {exc}") from None
     if not isinstance(raw, dict):
