@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf.cliargs import at_least
+from pytest_moeperf.cliargs import at_least, number_in
 from pytest_moeperf.history.plugin import parse_history_option
 
 
@@ -27,14 +27,8 @@ def parse_fraction(text: str) -> float:
 
 
 def parse_seconds(text: str) -> float:
-    """A positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds such as 120, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"seconds must be positive, got {value}")
-    return value
+    """A positive, finite number of seconds (``nan`` and ``inf`` were accepted before)."""
+    return number_in(0.0, strict=True)(text)
 
 
 def parse_count(text: str) -> int:
