@@ -27,7 +27,7 @@ from pytest_moeperf.thresholds import Reference
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
-DEFAULT_KEEP_RUNS = 10
+DEFAULT_KEEP_RUNS = 15  # three sittings of 5 rounds
 _SIGNIFICANT = 6
 
 

@@ -88,7 +88,6 @@ class MoePerfSession:
                                    settings.noise_runs)
         self.started = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
 
-    # ------------------------------------------------------------------------------------------ judging
     def judge(self, item: pytest.Item | None, rounds: list[Measurement], threshold: Threshold | None = None,
               check_hash: bool = True) -> tuple[Verdict, BaselineEntry | None]:
         """Judge one metric from its rounds (oldest first); the threshold is resolved for ``item`` unless given.
@@ -198,7 +197,6 @@ class MoePerfSession:
             rep.sections.append(("moeperf metrics", "\n".join(lines)))
         return rep
 
-    # ------------------------------------------------------------------------------------------ collecting
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         why = "" if report.passed else skip_reason(report)
         if not self.ran.get(report.nodeid):
@@ -224,6 +222,8 @@ class MoePerfSession:
     def find_missing(self) -> list[Verdict]:
         """Baselined metrics of the tests that ran (or skipped, or failed) this session but were not measured."""
         measured = {v.key for v in self.verdicts}
+        # a degenerate window records what it can: its test's other metrics say why the rest is not there
+        windows = {v.key.rsplit("::", 1)[0]: v.reason for v in self.verdicts if v.reason.startswith("window: ")}
         found: list[Verdict] = []
         for nodeid, why in sorted(self.ran.items()):
             try:
@@ -233,7 +233,7 @@ class MoePerfSession:
             for e in entries:
                 if e.key not in measured:
                     found.append(missing(e.key, e.name, e.unit, e.better, e.reference().value,
-                                         why or "not recorded this run"))
+                                         why or windows.get(nodeid, "not recorded this run")))
         return found
 
     def check_fingerprints(self) -> None:

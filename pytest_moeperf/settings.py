@@ -169,7 +169,7 @@ OPTIONS: tuple[Option, ...] = (
            "fingerprint hash) fail the session", None, parse_bool, False),
     Option("noise-runs", "noise_runs", "run summaries a baseline keeps per metric to learn its between-run noise "
            "(record them in more than one sitting: rounds of one update share the box's state)",
-           "K", parse_positive, 10),
+           "K", parse_positive, 15),
     Option("noise-k", "noise_k", "a metric's threshold is at least this many between-run spreads (robust σ of the "
            "stored run medians)", "K", parse_factor, 3.0),
     Option("rounds", "rounds", "measure N independent rounds, each a separate pytest process, and judge (or "

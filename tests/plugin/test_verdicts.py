@@ -135,6 +135,27 @@ def test_missing_metrics_and_strict_mode(pytester: pytest.Pytester, run_moeperf,
         workers.stdout.fnmatch_lines(["MISSING test_syn.py::test_maybe_skipped::gbps: test skipped: backend raises*"])
 
 
+def test_a_degenerate_window_names_why_its_other_metrics_are_missing(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a coalesced serving window records TTFT but no client TPOT: MISSING says why, not "not recorded this run"
+    pytester.makepyfile(test_win="""
+        import os
+        def test_window(perf):
+            perf.record("ttft_ms", [20.0, 21.0, 19.5], unit="ms")
+            if os.environ.get("LUMPED"):
+                perf.inconclusive("40 of 48 answers arrived in <= 2 SSE chunks (the stream coalesced)")
+            else:
+                perf.record("tpot_ms", [3.0, 3.1, 2.9], unit="ms")
+    """)
+    run_moeperf("--moeperf-update", "--moeperf-health", "off").assert_outcomes(passed=1)
+    monkeypatch.setenv("LUMPED", "1")
+    result = run_moeperf("--moeperf-health", "off", "--moeperf-confirm", "0")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*1 inconclusive, 1 missing*",
+                                 "MISSING test_win.py::test_window::tpot_ms: window: 40 of 48 answers arrived in "
+                                 "<= 2 SSE chunks (the stream coalesced)"])
+
+
 def test_unit_change_fails_the_test_naming_both(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_unit="""
