@@ -261,6 +261,19 @@ class BaselineStore:
         found = self.file(suite_of(test_id))
         return [e for e in found.entries.values() if e.test_id == test_id] if found else []
 
+    def run_medians(self, keys: Iterable[str]) -> dict[str, list[tuple[str | None, float]]]:
+        """Each stored metric's runs as (date of its update, median), oldest first; unusable files are left out."""
+        out: dict[str, list[tuple[str | None, float]]] = {}
+        for key in keys:
+            try:
+                found = self.file(suite_of(key.rsplit("::", 1)[0]))
+            except BaselineError:
+                continue
+            entry = found.entries.get(key) if found else None
+            if entry is not None:
+                out[key] = [(r.date, r.median) for r in entry.all_runs]
+        return out
+
     def foreign_hash(self, suite: str, current_hash: str) -> str | None:
         """The fingerprint hash stored in a suite's file when it differs from ``current_hash``; else None."""
         found = self.file(suite)

@@ -26,7 +26,7 @@ from pytest_moeperf.health_record import HealthReport, health_key
 from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.records import Measurement, Section, suite_of
 from pytest_moeperf.settings import Settings
-from pytest_moeperf.shift import family_shifts, shift_notes, shift_sections
+from pytest_moeperf.shift import family_views, shift_notes, shift_sections
 from pytest_moeperf.thresholds import Reference, Threshold, ThresholdError, resolve_threshold
 from pytest_moeperf.topology import Topology
 from pytest_moeperf.verdict import Status, Verdict, inconclusive, missing
@@ -286,7 +286,7 @@ class MoePerfSession:
             self.sections += [section for result in results for section in result]
         except Exception as exc:  # noqa: BLE001 - a broken extra table must not lose the run's results
             self.errors.append(f"report sections failed: {type(exc).__name__}: {exc}")
-        shifts = family_shifts(self.verdicts)  # report-only: the families whose cases all moved together
+        shifts = family_views(self.verdicts, self.store.run_medians(v.key for v in self.verdicts))  # report-only
         self.sections += shift_sections(shifts)
         self.notes += shift_notes(shifts)
         if self.settings.update:

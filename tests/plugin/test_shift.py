@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pytest_moeperf.shift import family_shifts, shift_notes, shift_sections, sign_test_p
+from pytest_moeperf.shift import family_views, shift_notes, shift_sections, sign_test_p
 from pytest_moeperf.stats import summarize
 from pytest_moeperf.verdict import Status, Verdict
 
@@ -25,27 +25,53 @@ def test_sign_test_is_the_exact_binomial() -> None:
     assert sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024)
 
 
+def _moved(verdicts: list[Verdict], stored: dict | None = None) -> list:  # type: ignore[type-arg]
+    return [f for f in family_views(verdicts, stored) if f.moved]
+
+
 def test_a_family_that_moved_together_is_found_with_its_relative_outlier() -> None:
     moved = [_verdict(f"c{i}", -0.20 + 0.01 * (i % 3)) for i in range(9)]
     odd = _verdict("odd", -0.02)  # inside its 5 % in absolute terms, +22 % against the family's -20 %
     quiet = [_verdict(f"q{i}", 0.02 * (-1) ** i, name="tflops", better="higher") for i in range(10)]
-    (shift,) = family_shifts([*moved, odd, *quiet])
+    views = family_views([*moved, odd, *quiet])
+    assert [(f.name, f.moved) for f in views] == [("tflops", False), ("time", True)]
+    (shift,) = [f for f in views if f.moved]
     assert (shift.family, shift.name, shift.cases, shift.same_direction) == ("suites/gemm/test_gemm.py", "time", 10, 10)
     assert shift.word == "better" and shift.median_change == pytest.approx(-0.19)
+    assert shift.median_relative is None  # no stored runs: the absolute thresholds judge the relative change
     assert [o.key.split("[")[1].split("]")[0] for o in shift.outliers] == ["odd"]
-    (section,) = shift_sections([shift])
+    (section,) = shift_sections(views)
+    assert section.title.startswith("Machine shift")
     assert section.rows[0][:4] == ("suites/gemm/test_gemm.py", "time", "10 of 10 better", "-19.0 %")
-    assert "test_gemm[odd] +21.0 % (threshold 5.0 %)" in section.note
-    (line,) = shift_notes([shift])
+    assert "test_gemm[odd] +21.0 % (relative threshold 5.0 %)" in section.note
+    (line,) = shift_notes(views)
     assert "1 metric family moved together (test_gemm.py time -19.0 % (10 of 10))" in line
+    assert "1 relative outlier(s)" in line
+
+
+def test_relative_thresholds_come_from_stored_runs_with_each_runs_family_move_divided_out() -> None:
+    # 12 cases, 6 stored runs in 2 updates; each run moves the whole family (0.8 .. 1.2) and each case by +-1 %
+    moves = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0]
+    stored = {f"suites/gemm/test_gemm.py::test_gemm[c{i}]::time": [
+        ("d1" if r < 3 else "d2", 100.0 * move * (1.0 + 0.01 * ((i + r) % 3 - 1))) for r, move in enumerate(moves)]
+        for i in range(12)}
+    # the absolute threshold learned from such runs is wide (the family moves): say 40 %
+    family = [_verdict(f"c{i}", -0.15, allowed=0.40) for i in range(11)]
+    against = _verdict("c11", +0.05, allowed=0.40)  # +5 %: PASS in absolute terms, +23.5 % against the family
+    (view,) = family_views([*family, against], stored)
+    assert view.moved and view.median_relative is not None and view.median_relative < 0.10  # the cases' own noise
+    (outlier,) = view.outliers
+    assert outlier.key.endswith("[c11]::time") and outlier.relative == pytest.approx(1.05 / 0.85 - 1, abs=0.01)
+    # without the stored runs the same case hides inside the 40 % absolute threshold
+    assert [f.outliers for f in family_views([*family, against])] == [()]
 
 
 def test_too_few_cases_a_small_move_or_mixed_directions_are_no_shift() -> None:
-    assert family_shifts([_verdict(f"c{i}", -0.3) for i in range(7)]) == []  # 7 of 7: p = 0.016
-    assert family_shifts([_verdict(f"c{i}", -0.04) for i in range(20)]) == []  # below the 5 % minimum
-    assert family_shifts([_verdict(f"c{i}", 0.3 * (-1) ** i) for i in range(20)]) == []
+    assert family_views([_verdict(f"c{i}", -0.3) for i in range(7)]) == []  # fewer than 8 cases
+    assert _moved([_verdict(f"c{i}", -0.04) for i in range(20)]) == []  # below the 5 % minimum
+    assert _moved([_verdict(f"c{i}", 0.3 * (-1) ** i) for i in range(20)]) == []
     regressed = [_verdict(f"c{i}", 0.2) for i in range(9)] + [_verdict("bad", 0.9, status=Status.REGRESSED)]
-    (shift,) = family_shifts(regressed)
+    (shift,) = _moved(regressed)
     assert shift.word == "worse" and shift.outliers == ()  # a REGRESSED case is already a verdict
     assert shift_sections([]) == [] and shift_notes([]) == []
 
@@ -75,9 +101,10 @@ def test_a_session_on_a_faster_machine_reports_the_shift_and_keeps_its_verdicts(
         "*test_cases.py::test_kernel?9?::time*PASS",
         "Machine shift: whole families moved together",
         "*test_cases.py*time*10 of 10 better*-20.0 %*",
-        "*Relative outliers: test_cases.py time: test_kernel?9? +21.2 % (threshold 5.0 %)*",
+        "*Relative outliers: test_cases.py time: test_kernel?9? +21.2 % (relative threshold 5.0 %)*",
         "moeperf: machine shift: 1 metric family moved together (test_cases.py time -20.0 % (10 of 10)); 9 IMPROVED "
-        "and 0 REGRESSED verdicts are in them: look at the machine before re-recording or bisecting; see*",
+        "and 0 REGRESSED verdicts are in them: look at the machine before re-recording or bisecting; 1 relative "
+        "outlier(s); see*",
     ])
     doc = json.loads(report.read_text())
     (section,) = [s for s in doc["moeperf"]["sections"] if s["title"].startswith("Machine shift")]
