@@ -78,3 +78,16 @@ def test_answers_in_bursts_of_several_chunks_are_coalesced_against_the_engines_t
     record_latencies(perf, window(bursts), Tolerances(), e2el=False, engine_tpot_ms=6.8)
     assert "tpot_ms" not in {m.name for m in perf.records} and "below 0.1" in perf.unusable[0]
     assert coalesced([answer(64) for _ in range(6)], engine_tpot_ms=6.8) is None  # streams at the engine's pace
+
+
+def test_a_serving_window_in_bursts_is_told_by_the_engines_tpot_too() -> None:
+    """Seen in a clean-clone CI run: chat closed loop on 2 cores, client TTFT 31 -> 401 ms (= E2EL), TPOT 0.013 ms,
+    every answer in >= 3 chunks; ``record_serving`` did not pass the engine's TPOT on, and TTFT read REGRESSED."""
+    bursts = [answer(4, ttft=0.401, latency=0.4018) for _ in range(6)]
+    perf = Perf("t")
+    record_serving(perf, window(bursts), engine_tpot_ms=7.5)
+    assert "tpot_ms" not in {m.name for m in perf.records} and "below 0.1 of the engine's 7.5 ms" in perf.unusable[0]
+    assert {"ttft_ms", "e2el_ms", "output_throughput"} <= {m.name for m in perf.records}  # shown, INCONCLUSIVE
+    streaming = Perf("t")
+    record_serving(streaming, window([answer(64) for _ in range(6)]), engine_tpot_ms=6.0)
+    assert streaming.unusable == () and "tpot_ms" in {m.name for m in streaming.records}
