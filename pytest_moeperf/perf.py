@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 
@@ -22,7 +22,8 @@ class Perf:
         self._records: list[Measurement] = []
         self._earlier: list[tuple[Measurement, ...]] = []  # the records of earlier rounds (confirmation re-runs)
         self._simulated_from = simulated_from
-        self._unusable: dict[str, None] = {}  # why a round's measurement cannot decide anything (ordered, unique)
+        #: why a round's measurement cannot decide anything (ordered, unique), and for which metrics (None: all)
+        self._unusable: dict[str, frozenset[str] | None] = {}
         self._single: str | None = None  # why calling the test again would not measure again
 
     @property
@@ -45,11 +46,17 @@ class Perf:
         """Why some round of this test measured nothing that can decide a verdict (see `inconclusive`)."""
         return tuple(self._unusable)
 
-    def inconclusive(self, reason: str) -> None:
+    def inconclusive(self, reason: str, only: Iterable[str] | None = None) -> None:
         """Declare this round's window degenerate (e.g. the measurement apparatus disturbed what it measured):
-        every metric of the test is INCONCLUSIVE with ``reason``, shown but never PASS/REGRESSED, and not written
-        to the baselines."""
-        self._unusable[reason] = None
+        every metric of the test — or only the metrics named in ``only`` — is INCONCLUSIVE with ``reason``, shown
+        but never PASS/REGRESSED, and not written to the baselines."""
+        scope = None if only is None else frozenset(only)
+        earlier = self._unusable.get(reason, frozenset())
+        self._unusable[reason] = None if scope is None or earlier is None else earlier | scope
+
+    def unusable_for(self, name: str) -> tuple[str, ...]:
+        """The reasons that make metric ``name`` INCONCLUSIVE (see `inconclusive`)."""
+        return tuple(r for r, scope in self._unusable.items() if scope is None or name in scope)
 
     @property
     def single_round(self) -> str | None:

@@ -156,9 +156,7 @@ class MoePerfSession:
         if rep.when != "call" or perf is None or not any(perf.rounds):
             return rep
         health: HealthReport | None = item.stash.get(health_key, None)
-        why_not = [f"health: {'; '.join(health.reasons)}"] if health is not None and not health.ok else []
-        why_not += [f"window: {reason}" for reason in perf.unusable]
-        unhealthy = bool(why_not)
+        sick = [f"health: {'; '.join(health.reasons)}"] if health is not None and not health.ok else []
         payload: list[dict[str, Any]] = []
         regressed: list[str] = []
         broken: dict[str, None] = {}  # unusable baseline files and bad arguments, each named once
@@ -169,10 +167,11 @@ class MoePerfSession:
             except (BaselineError, ThresholdError, MetricChanged) as exc:
                 broken[str(exc)] = None
                 continue
-            if unhealthy:
+            why_not = sick + [f"window: {reason}" for reason in perf.unusable_for(rounds[-1].name)]
+            if why_not:
                 verdict = inconclusive(verdict, "; ".join(why_not))
             payload.append({"measurement": rounds[-1].to_json(), "rounds": [list(m.samples) for m in rounds],
-                            "verdict": verdict.to_json(), "passed": rep.passed and not unhealthy,
+                            "verdict": verdict.to_json(), "passed": rep.passed and not why_not,
                             "test_passed": rep.passed,
                             "health": None if health is None else {"ok": health.ok, "reasons": list(health.reasons),
                                                                    "facts": dict(health.facts)}})

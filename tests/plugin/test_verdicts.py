@@ -156,6 +156,28 @@ def test_a_degenerate_window_names_why_its_other_metrics_are_missing(  # type: i
                                  "<= 2 SSE chunks (the stream coalesced)"])
 
 
+def test_a_degenerate_window_can_spare_the_metrics_it_did_not_disturb(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a coalesced stream spoils the client's clock, not the server's counters: acceptance keeps its verdict
+    pytester.makepyfile(test_scope="""
+        import os
+        def test_window(perf):
+            slow = float(os.environ.get("SLOW", "1"))
+            perf.record("ttft_ms", [20.0 * slow, 21.0 * slow, 19.5 * slow], unit="ms")
+            perf.record("acceptance_rate", [0.9], unit="ratio", better="higher")
+            if os.environ.get("LUMPED"):
+                perf.inconclusive("answers arrived in bursts", only=["ttft_ms"])
+    """)
+    run_moeperf("--moeperf-update", "--moeperf-health", "off").assert_outcomes(passed=1)
+    monkeypatch.setenv("LUMPED", "1")
+    monkeypatch.setenv("SLOW", "10")
+    result = run_moeperf("--moeperf-health", "off", "--moeperf-confirm", "0")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*1 pass, 1 inconclusive*",
+                                 "*test_scope.py::test_window::acceptance_rate*PASS",
+                                 "INCONCLUSIVE test_scope.py::test_window::ttft_ms: window: answers arrived in bursts"])
+
+
 def test_unit_change_fails_the_test_naming_both(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_unit="""
