@@ -222,7 +222,7 @@ class MoePerfSession:
         """Baselined metrics of the tests that ran (or skipped, or failed) this session but were not measured."""
         measured = {v.key for v in self.verdicts}
         # a degenerate window records what it can: its test's other metrics say why the rest is not there
-        windows = {v.key.rsplit("::", 1)[0]: v.reason for v in self.verdicts if v.reason.startswith("window: ")}
+        windows = {v.key.rsplit("::", 1)[0]: v.reason for v in self.verdicts if "window: " in v.reason}
         found: list[Verdict] = []
         for nodeid, why in sorted(self.ran.items()):
             try:

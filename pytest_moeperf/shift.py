@@ -101,10 +101,11 @@ def _relative_runs(keys: Sequence[str], stored: StoredRuns) -> dict[str, list[fl
     """Each key's stored run medians over its reference, each divided by its run's family move."""
     tagged: dict[str, list[tuple[tuple[str | None, int], float]]] = {}
     for key in keys:
-        runs, seen = stored.get(key, ()), dict[str | None, int]()
+        runs = stored.get(key, ())
         ref = stats.median([m for _, m in runs]) if runs else 0.0
         if not ref:
             continue
+        seen: dict[str | None, int] = {}
         for date, median in runs:
             seen[date] = seen.get(date, -1) + 1  # round k of an update is its k-th run of that date
             tagged.setdefault(key, []).append(((date, seen[date]), median / ref))
@@ -134,11 +135,11 @@ def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) 
         for v in members:
             assert v.change is not None and v.allowed is not None
             runs = relative_runs.get(v.key, [])
-            allowed = v.allowed
+            allowed, center = v.allowed, 1.0  # without stored runs to learn from: the absolute threshold
             if len(runs) >= MIN_RELATIVE_RUNS:
                 allowed = max(v.threshold.tolerance, v.threshold.noise_k * _robust_spread(runs))
+                center = stats.median(runs)
                 thresholds.append(allowed)
-            center = stats.median(runs) if len(runs) >= MIN_RELATIVE_RUNS else 1.0
             relative = (1.0 + v.change) / ((1.0 + median) * center) - 1.0
             if v.status is not Status.REGRESSED and _worse(first.better, relative) > allowed:
                 outliers.append(Outlier(v.key, v.change, relative, allowed))
