@@ -13,6 +13,7 @@ import pytest
 
 from pytest_moeperf.cliargs import at_least, number_in
 from pytest_moeperf.history.plugin import parse_history_option
+from pytest_moeperf.serving.profiles import DEFAULT_DIR as DEFAULT_PROFILE_DIR
 
 
 def parse_fraction(text: str) -> float:
@@ -191,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "
            "measuring on them", None, parse_bool, False),
     Option("profiles", "profile_dirs", "directories of serve profiles (*.json) the serving and spec-decode suites "
-           "run (repeatable, or os.pathsep-separated)", "DIR", parse_dirs, (Path("suites/serving/profiles"),),
+           "run (repeatable, or os.pathsep-separated)", "DIR", parse_dirs, (DEFAULT_PROFILE_DIR,),
            repeat=True),
     Option("interconnect-emulation", "emulation", "take NVLink (pcie-no-p2p) or also host shared memory "
            "(pcie-socket) away from NCCL in the all-reduce ranks and launched servers, as a labelled stand-in for a "

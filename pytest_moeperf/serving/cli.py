@@ -20,10 +20,9 @@ from pathlib import Path
 from types import FrameType
 
 from pytest_moeperf.cliargs import describe, number_in, output_path
+from pytest_moeperf.serving.profiles import DEFAULT_DIR as DEFAULT_PROFILES
 
 __all__ = ["main_serve"]
-
-DEFAULT_PROFILES = Path("suites/serving/profiles")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moeperf serve", description=__doc__.split("\n\n")[0])
     p.add_argument("profile", help="serve profile name (a *.json in --profiles)")
     p.add_argument("--profiles", metavar="DIR", type=Path, action="append",
-                   help="serve profile directory (repeatable; default: suites/serving/profiles)")
+                   help=f"serve profile directory (repeatable; default: {DEFAULT_PROFILES})")
     p.add_argument("--profiler-dir", metavar="DIR", type=Path,
                    help="turn vLLM's torch profiler on, writing worker traces to DIR (for moeperf attribute)")
     p.add_argument("--interconnect-emulation", choices=names(), default=None,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_DIR",
     "GENERATED_MODELS",
     "KIMI_SHAPED",
     "TARGETS",
@@ -33,6 +34,8 @@ __all__ = [
     "load_profiles",
     "workload_misfit",
 ]
+
+DEFAULT_DIR = Path("suites/serving/profiles")  # the suites' own profiles, relative to the project root
 
 TINY_MOE = "tiny-moe"
 TINY_DRAFT = "tiny-moe-draft"
