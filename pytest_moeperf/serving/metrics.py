@@ -214,9 +214,10 @@ def coalesced(outcomes: Sequence[RequestOutcome], engine_tpot_ms: float | None =
     lumped = sum(1 for o in ok if o.chunks <= COALESCED_MAX_CHUNKS)
     if not ok or lumped <= COALESCED_SHARE * len(ok):
         tpots = latency_samples(ok)["tpot"]
-        if engine_tpot_ms and tpots and percentile(tpots, 50.0) < COALESCED_ENGINE_SHARE * engine_tpot_ms:
+        client = percentile(tpots, 50.0) if tpots else None
+        if engine_tpot_ms and client is not None and client < COALESCED_ENGINE_SHARE * engine_tpot_ms:
             return (
-                f"client TPOT median {percentile(tpots, 50.0):.3g} ms is below {COALESCED_ENGINE_SHARE:g} of the "
+                f"client TPOT median {client:.3g} ms is below {COALESCED_ENGINE_SHARE:g} of the "
                 f"engine's {engine_tpot_ms:.3g} ms (the stream coalesced into bursts): client TPOT and ITL not "
                 "recorded, the window INCONCLUSIVE"
             )
