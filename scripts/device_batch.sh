@@ -15,7 +15,9 @@
 # seconds from its start (hard kill 30 s later); TOTAL_S: the batch's budget (default 450);
 # PYTEST_ARGS: extra pytest arguments (e.g. '-k kimi'); PYTHON: the interpreter (default python3);
 # BASELINES: the baselines directory (default: baselines, the repository's); VLLM_S: deadline of the vLLM
-# kernels run (default 150). vLLM is used when `$PYTHON -c "import vllm"` works, e.g. with PYTHONPATH set to
+# kernels run (default 150); ROUNDS: --moeperf-rounds of the update run (default 1; 5 records a noise model: one
+# run per round, each round a separate pytest process with RUN1_S as its own GEMM deadline); AA=0 skips the A/A
+# run. vLLM is used when `$PYTHON -c "import vllm"` works, e.g. with PYTHONPATH set to
 # the --target folder the carried vLLM was installed into (see /work/carry.log for the carry calls).
 set -u
 cd "$(dirname "$0")/.."
@@ -32,6 +34,8 @@ RUN1_S="${RUN1_S:-200}"
 RUN2_S="${RUN2_S:-170}"
 TOTAL_S="${TOTAL_S:-450}"  # the whole batch; the A/A run is shortened to fit
 VLLM_S="${VLLM_S:-150}"
+ROUNDS="${ROUNDS:-1}"
+AA="${AA:-1}"
 BASELINES="${BASELINES:-baselines}"
 START=$(date +%s)
 SUMMARY="$OUT/summary.txt"
@@ -64,6 +68,10 @@ fi
 run_suites() {  # name seconds [extra pytest args...]
   local name=$1 secs=$2; shift 2
   local hard=$(( secs + 30 ))
+  if [ "$name" = update ]; then  # N rounds, each with its own deadline; never past the batch's budget
+    hard=$(( (secs + 40) * ROUNDS )); local cap=$(( START + TOTAL_S - 30 - $(date +%s) ))
+    [ "$hard" -gt "$cap" ] && hard=$cap
+  fi
   timeout -k 10 "$hard" $PY -m pytest ${PLUGIN[@]+"${PLUGIN[@]}"} --moeperf-deadline "$secs" suites/allreduce suites/gemm \
       -p no:cacheprovider -ra -q --moeperf-baselines "$BASELINES" --moeperf-report "$OUT/$name.json" \
       ${EXTRA[@]+"${EXTRA[@]}"} "$@" >"$OUT/$name.log" 2>&1
@@ -81,14 +89,15 @@ else
 fi
 
 # 2. update run, 3. A/A run
-run_suites update "$RUN1_S" --moeperf-update
+run_suites update "$RUN1_S" --moeperf-update --moeperf-rounds "$ROUNDS"
 left=$(( START + TOTAL_S - 60 - $(date +%s) - 30 ))  # 60 s for the budget tables and the tarball
 [ "$left" -lt "$RUN2_S" ] && RUN2_S=$left
 [ "$RUN2_S" -lt 60 ] && RUN2_S=60
-run_suites aa "$RUN2_S"
+if [ "$AA" = "1" ]; then run_suites aa "$RUN2_S"; else note "A/A run skipped (AA=0)"; fi
 
 # 4. budget tables
-for src in "--from-report $OUT/aa.json" "--from-report $OUT/update.json" "--baselines $BASELINES --fingerprint ${SLUG:-none}"; do
+aa_report="$OUT/aa.json"; [ -f "$aa_report" ] || aa_report="$OUT/update.json"
+for src in "--from-report $aa_report" "--from-report $OUT/update.json" "--baselines $BASELINES --fingerprint ${SLUG:-none}"; do
   note "moeperf budget --model kimi-k2.5 --tp 8 --batch 1 $src"
   # shellcheck disable=SC2086
   $PY -m pytest_moeperf.cli budget --model kimi-k2.5 --tp 8 --batch 1 $src >>"$SUMMARY" 2>&1
@@ -96,11 +105,11 @@ for src in "--from-report $OUT/aa.json" "--from-report $OUT/update.json" "--base
 done
 note "moeperf budget: A/A GEMMs scaled to the 8x RTX PRO 6000 PCIe topology, all-reduce 30 us given"
 $PY -m pytest_moeperf.cli budget --model kimi-k2.5 --batch 1 --topology 8x-rtx-pro-6000-pcie \
-  --from-report "$OUT/aa.json" --allreduce-us 30 >>"$SUMMARY" 2>&1
+  --from-report "$aa_report" --allreduce-us 30 >>"$SUMMARY" 2>&1
 note "budget rc=$?"
 
 # roofline % of a few headline cases, from the A/A report
-$PY - "$OUT/aa.json" <<'PY' >>"$SUMMARY" 2>&1 || true
+$PY - "$aa_report" <<'PY' >>"$SUMMARY" 2>&1 || true
 import json, sys
 data = json.load(open(sys.argv[1]))
 rows = [b for b in data["benchmarks"] if b["extra_info"].get("metric") == "roofline_pct"]
