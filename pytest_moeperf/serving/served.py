@@ -34,17 +34,23 @@ Server = LaunchedServer | AttachedServer
 
 
 ENGINE_TPOT = "vllm:request_time_per_output_token_seconds"
+#: observed by the API server's output loop: from the request's arrival (at its renderer, before the engine) to
+#: the first token's receipt from the engine core, so without the SSE delivery to the client (vLLM 0.32,
+#: v1/metrics/stats.py)
+ENGINE_TTFT = "vllm:time_to_first_token_seconds"
 
 
 @dataclass(frozen=True)
 class SpecWindow:
-    """A measured window; for a speculative server, the acceptance over that same window; and the engine's own
-    mean TPOT of the requests finished in it (from engine-core timestamps: unlike the client's TPOT it does not
-    move when the API server coalesces tokens into fewer SSE chunks), or None if the server lacks the metric."""
+    """A measured window; for a speculative server, the acceptance over that same window; the engine's own mean
+    TPOT of the requests finished in it (from engine-core timestamps: unlike the client's TPOT it does not move when
+    the API server coalesces tokens into fewer SSE chunks); and the server's mean TTFT of the first tokens made in it
+    (without their delivery to the client). Each None if the server lacks the metric."""
 
     window: WindowResult
     acceptance: AcceptanceStats | None
     engine_tpot_ms: float | None = None
+    engine_ttft_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -136,8 +142,9 @@ class Served:
         stats = None
         if before is not None and after is not None and after.drafts > before.drafts:
             stats = acceptance(before, after)
-        engine_tpot = histogram_mean_delta(first, last, ENGINE_TPOT)
-        return SpecWindow(window, stats, None if engine_tpot is None else engine_tpot * 1000.0)
+        tpot, ttft = (histogram_mean_delta(first, last, name) for name in (ENGINE_TPOT, ENGINE_TTFT))
+        ms = [None if seconds is None else seconds * 1000.0 for seconds in (tpot, ttft)]
+        return SpecWindow(window, stats, engine_tpot_ms=ms[0], engine_ttft_ms=ms[1])
 
 
 def vocab_size_of(model_dir: Path) -> int | None:

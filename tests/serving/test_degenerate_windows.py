@@ -1,5 +1,7 @@
-"""Degenerate windows must not read as improvements: a short answer is a failure, and a window whose stream
-coalesced (whole answers in <= 2 SSE chunks) records no client TPOT or ITL (pure units on the real ``Perf``)."""
+"""Degenerate windows must not read as improvements: a short answer is a failure, a window whose stream
+coalesced (whole answers in <= 2 SSE chunks) records no client TPOT or ITL, and a window whose first tokens
+reached the client far later than the engine made them is INCONCLUSIVE on its client timing (pure units on the
+real ``Perf``)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import pytest
 
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, Request, WindowResult, stream_outcome
-from pytest_moeperf.serving.metrics import RequestOutcome, coalesced, compute
-from pytest_moeperf.serving.recording import FailedRequests, record_serving
+from pytest_moeperf.serving.metrics import RequestOutcome, coalesced, compute, delivery_delayed
+from pytest_moeperf.serving.recording import CLIENT_TIMED, FailedRequests, record_serving
 
 
 def answer(chunks: int, tokens: int = 64, ttft: float = 0.02, latency: float = 0.40) -> RequestOutcome:
@@ -91,3 +93,30 @@ def test_a_serving_window_in_bursts_is_told_by_the_engines_tpot_too() -> None:
     streaming = Perf("t")
     record_serving(streaming, window([answer(64) for _ in range(6)]), engine_tpot_ms=6.0)
     assert streaming.unusable == () and "tpot_ms" in {m.name for m in streaming.records}
+
+
+def test_first_tokens_far_later_than_the_engines_ttft_make_the_client_timing_inconclusive() -> None:
+    """Seen in a clean-clone CI run: TTFT 51 -> 439 ms REGRESSED while client TPOT 4.5 ms ~ the engine's 4.9 ms, so
+    neither coalescing rule fired; reproduced here with a busy loop: client TTFT 433 ms, the engine's 21.7 ms."""
+    late = [answer(64, ttft=0.433, latency=0.433 + 63 * 0.0043) for _ in range(6)]
+    assert coalesced(late, engine_tpot_ms=4.5) is None  # the rest of each answer streamed at the engine's pace
+    reason = str(delivery_delayed(late, engine_ttft_ms=21.7))
+    assert "client TTFT median 433 ms" in reason and "the engine's 21.7 ms" in reason
+    perf = Perf("t")
+    record_serving(perf, window(late), engine_tpot_ms=4.5, engine_ttft_ms=21.7)
+    names = {m.name for m in perf.records}
+    assert {"ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "output_throughput"} <= names  # shown, INCONCLUSIVE
+    assert all(perf.unusable_for(n) == (reason,) for n in CLIENT_TIMED) and perf.unusable_for("failed_rate") == ()
+    assert perf.unusable_for("engine_ttft_ms") == () and perf.unusable_for("acceptance_length") == ()
+    assert perf.records[0].name == "ttft_ms" and perf.records[0].context["client_timing"] == reason
+
+
+def test_a_first_token_within_factor_or_margin_of_the_engines_ttft_is_judged() -> None:
+    assert delivery_delayed([answer(64, ttft=0.020)] * 6, engine_ttft_ms=18.0) is None  # streaming: 1.1x
+    assert delivery_delayed([answer(64, ttft=0.054)] * 6, engine_ttft_ms=17.2) is None  # 3.1x but only +37 ms
+    assert delivery_delayed([answer(64, ttft=0.62, latency=0.9)] * 6, engine_ttft_ms=500.0) is None  # +120 ms, 1.24x
+    assert delivery_delayed([answer(64, ttft=0.433)] * 6, engine_ttft_ms=None) is None  # no engine TTFT: no rule
+    assert delivery_delayed([], engine_ttft_ms=21.7) is None
+    streaming = Perf("t")
+    record_serving(streaming, window([answer(64) for _ in range(6)]), engine_tpot_ms=6.0, engine_ttft_ms=18.0)
+    assert streaming.unusable == () and "client_timing" not in streaming.records[0].context
