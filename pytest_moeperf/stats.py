@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,16 +51,35 @@ def stddev(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
-def median_ci(values: Sequence[float], confidence: float = 0.95, resamples: int = 1000,
-              seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of the median (deterministic for a seed)."""
+#: above this many samples the binomial order-statistic rank comes from the normal approximation
+_EXACT_RANK_MAX_N = 500
+
+
+def _median_ci_rank(n: int, confidence: float) -> int:
+    """0-based index k of the order statistics [x_(k), x_(n-1-k)] that cover the median with at least
+    ``confidence`` for any continuous distribution: the largest 1-based rank r = k + 1 with
+    P(Binomial(n, 1/2) <= r - 1) <= alpha / 2, or 0 (min and max) when there is none."""
+    alpha = (1.0 - confidence) / 2.0
+    if n > _EXACT_RANK_MAX_N:
+        z = statistics.NormalDist().inv_cdf(1.0 - alpha)
+        return max(0, math.floor((n - z * math.sqrt(n)) / 2.0) - 1)
+    total, cdf, r = 2**n, 0, 0  # cdf = P(B <= r - 1) * total
+    while r < n // 2 and (cdf + math.comb(n, r)) <= alpha * total:
+        cdf += math.comb(n, r)
+        r += 1
+    return max(0, r - 1)
+
+
+def median_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median from order statistics (the binomial sign-test
+    interval): exact, deterministic and O(n log n), so judging a thousand metrics of 250 samples costs nothing
+    (the percentile bootstrap it replaces took ~90 s at the end of a 5-round 1x H200 update). With 8 or fewer
+    samples a 95 % interval is [min, max]."""
     if len(values) < 2:
         return (values[0], values[0]) if values else (math.nan, math.nan)
-    rng = random.Random(seed)
-    n = len(values)
-    medians = sorted(median([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    alpha = (1.0 - confidence) / 2.0
-    return quantile(medians, alpha), quantile(medians, 1.0 - alpha)
+    ordered = sorted(values)
+    k = _median_ci_rank(len(ordered), confidence)
+    return ordered[k], ordered[len(ordered) - 1 - k]
 
 
 @dataclass(frozen=True)

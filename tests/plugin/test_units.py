@@ -33,6 +33,19 @@ def test_median_ci_brackets_the_median_and_is_deterministic() -> None:
     assert stats.median_ci(values) == (low, high)
 
 
+@pytest.mark.parametrize(("n", "rank"), [(5, 1), (8, 1), (9, 2), (10, 2), (20, 6), (50, 18), (100, 40)])
+def test_median_ci_is_the_binomial_order_statistic_interval(n: int, rank: int) -> None:
+    """The textbook 95 % ranks (1-based r: [x_(r), x_(n+1-r)]); up to 8 samples the interval is [min, max]."""
+    values = [float(v) for v in range(1, n + 1)]
+    assert stats.median_ci(values) == (float(rank), float(n + 1 - rank))
+
+
+def test_median_ci_normal_approximation_joins_the_exact_ranks() -> None:
+    exact = [float(v) for v in range(1, 501)]
+    approx = [float(v) for v in range(1, 502)]
+    assert abs(stats.median_ci(exact)[0] - stats.median_ci(approx)[0]) <= 1.0
+
+
 def test_relative_change_direction_and_zero() -> None:
     assert stats.relative_change(10.0, 12.0) == pytest.approx(0.2)
     assert stats.relative_change(0.0, 0.0) == 0.0
