@@ -92,11 +92,6 @@ def _worse(better: str, change: float) -> float:
     return change if better == "lower" else -change
 
 
-def _robust_spread(values: Sequence[float]) -> float:
-    center = stats.median(values)
-    return 1.4826 * stats.median([abs(v - center) for v in values]) / abs(center) if center else math.inf
-
-
 def _relative_runs(keys: Sequence[str], stored: StoredRuns) -> dict[str, list[float]]:
     """Each key's stored run medians over its reference, each divided by its run's family move."""
     tagged: dict[str, list[tuple[tuple[str | None, int], float]]] = {}
@@ -137,7 +132,8 @@ def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) 
             runs = relative_runs.get(v.key, [])
             allowed, center = v.allowed, 1.0  # without stored runs to learn from: the absolute threshold
             if len(runs) >= MIN_RELATIVE_RUNS:
-                allowed = max(v.threshold.tolerance, v.threshold.noise_k * _robust_spread(runs))
+                spread = stats.relative_spread(runs)
+                allowed = max(v.threshold.tolerance, v.threshold.noise_k * (math.inf if spread is None else spread))
                 center = stats.median(runs)
                 thresholds.append(allowed)
             relative = (1.0 + v.change) / ((1.0 + median) * center) - 1.0

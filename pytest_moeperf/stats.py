@@ -38,6 +38,13 @@ def mad(values: Sequence[float]) -> float:
 MAD_TO_SIGMA = 1.4826
 
 
+def relative_spread(values: Sequence[float]) -> float | None:
+    """Robust relative spread, 1.4826 × MAD / |median| (estimates σ of one value over the centre); None for no
+    values or a zero median."""
+    center = median(values) if values else 0.0
+    return MAD_TO_SIGMA * mad(values) / abs(center) if center else None
+
+
 def mean(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("mean of no values")

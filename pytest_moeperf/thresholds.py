@@ -76,10 +76,7 @@ class Reference:
         """Relative robust spread (1.4826 × MAD / |median|) of the medians the noise is learned from (the baseline's
         runs, or the history's accepted sessions when there are more of those); None below 3."""
         medians = self.history_medians if self.noise_source == "history" else self.run_medians
-        center = stats.median(medians) if medians else 0.0
-        if len(medians) < MIN_RUNS_FOR_SPREAD or center == 0:
-            return None
-        return stats.MAD_TO_SIGMA * stats.mad(medians) / abs(center)
+        return stats.relative_spread(medians) if len(medians) >= MIN_RUNS_FOR_SPREAD else None
 
 
 @dataclass(frozen=True)

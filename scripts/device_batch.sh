@@ -96,8 +96,9 @@ left=$(( START + TOTAL_S - 60 - $(date +%s) - 30 ))  # 60 s for the budget table
 if [ "$AA" = "1" ]; then run_suites aa "$RUN2_S"; else note "A/A run skipped (AA=0)"; fi
 
 # 4. budget tables
-aa_report="$OUT/aa.json"; [ -f "$aa_report" ] || aa_report="$OUT/update.json"
-for src in "--from-report $aa_report" "--from-report $OUT/update.json" "--baselines $BASELINES --fingerprint ${SLUG:-none}"; do
+aa_report="$OUT/aa.json"; sources=("--from-report $OUT/update.json" "--baselines $BASELINES --fingerprint ${SLUG:-none}")
+if [ -f "$aa_report" ]; then sources=("--from-report $aa_report" "${sources[@]}"); else aa_report="$OUT/update.json"; fi
+for src in "${sources[@]}"; do
   note "moeperf budget --model kimi-k2.5 --tp 8 --batch 1 $src"
   # shellcheck disable=SC2086
   $PY -m pytest_moeperf.cli budget --model kimi-k2.5 --tp 8 --batch 1 $src >>"$SUMMARY" 2>&1

@@ -22,7 +22,7 @@ from pytest_moeperf.serving.loadgen import (
 )
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prometheus import histogram_mean_delta, parse
+from pytest_moeperf.serving.prometheus import Scrape, histogram_mean_delta, parse
 from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, http_get
 from pytest_moeperf.serving.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
 
@@ -142,9 +142,14 @@ class Served:
         stats = None
         if before is not None and after is not None and after.drafts > before.drafts:
             stats = acceptance(before, after)
-        tpot, ttft = (histogram_mean_delta(first, last, name) for name in (ENGINE_TPOT, ENGINE_TTFT))
-        ms = [None if seconds is None else seconds * 1000.0 for seconds in (tpot, ttft)]
-        return SpecWindow(window, stats, engine_tpot_ms=ms[0], engine_ttft_ms=ms[1])
+        return SpecWindow(window, stats, engine_tpot_ms=_mean_ms(first, last, ENGINE_TPOT),
+                          engine_ttft_ms=_mean_ms(first, last, ENGINE_TTFT))
+
+
+def _mean_ms(before: Scrape, after: Scrape, name: str) -> float | None:
+    """A seconds histogram's mean over the observations between two scrapes, in ms (None: not exported)."""
+    seconds = histogram_mean_delta(before, after, name)
+    return None if seconds is None else seconds * 1000.0
 
 
 def vocab_size_of(model_dir: Path) -> int | None:

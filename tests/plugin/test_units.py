@@ -46,6 +46,11 @@ def test_median_ci_normal_approximation_joins_the_exact_ranks() -> None:
     assert abs(stats.median_ci(exact)[0] - stats.median_ci(approx)[0]) <= 1.0
 
 
+def test_relative_spread_is_the_scaled_mad_over_the_median() -> None:
+    assert stats.relative_spread([9.0, 10.0, 11.0, 10.0, 30.0]) == pytest.approx(stats.MAD_TO_SIGMA * 1.0 / 10.0)
+    assert stats.relative_spread([]) is None and stats.relative_spread([0.0, 0.0, 1.0]) is None
+
+
 def test_relative_change_direction_and_zero() -> None:
     assert stats.relative_change(10.0, 12.0) == pytest.approx(0.2)
     assert stats.relative_change(0.0, 0.0) == 0.0
