@@ -10,9 +10,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_moeperf import baselines, probe, report, topology
-from pytest_moeperf.cliargs import at_least, describe, output_path
 from pytest_moeperf.history import cli as history_cli
+from pytest_moeperf.machine import probe, topology
+from pytest_moeperf.reports import render as report
+from pytest_moeperf.settings.checks import at_least, describe, output_path
+from pytest_moeperf.store import baselines, files, trees
 
 
 def _json_target(text: str) -> str:
@@ -38,7 +40,7 @@ def _topology(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         else:
             try:
-                baselines.atomic_write(Path(args.json), text)
+                files.atomic_write(Path(args.json), text)
             except OSError as exc:
                 print(f"moeperf topology: cannot write {args.json}: {describe(exc)}", file=sys.stderr)
                 return 2
@@ -73,7 +75,7 @@ def _merge(args: argparse.Namespace) -> int:
     try:
         for root in (into, *sources):
             _need_dir(root)
-        written = baselines.merge_trees(into, sources, args.keep)
+        written = trees.merge_trees(into, sources, args.keep)
     except (baselines.BaselineError, OSError, ValueError) as exc:
         print(f"moeperf baselines merge: {describe(exc)}", file=sys.stderr)
         return 2
@@ -84,7 +86,7 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def diff_markdown(changes: Sequence[baselines.Change], title: str) -> list[str]:
+def diff_markdown(changes: Sequence[trees.Change], title: str) -> list[str]:
     lines = [f"## Baseline changes: {title}", ""]
     if not changes:
         return lines + ["No baseline changed."]
@@ -101,13 +103,13 @@ def _diff(args: argparse.Namespace) -> int:
     root = Path(args.baselines)
     try:
         _need_dir(root)
-        new = baselines.load_tree(root)
+        new = trees.load_tree(root)
         if args.old:
             _need_dir(Path(args.old))
-            old = baselines.load_tree(Path(args.old))
+            old = trees.load_tree(Path(args.old))
             title = f"{args.old} → {root}"
         else:
-            old = baselines.parse_tree_texts(_git_tree(root, args.rev))
+            old = trees.parse_tree_texts(_git_tree(root, args.rev))
             title = f"{args.rev} → working tree"
     except subprocess.CalledProcessError as exc:
         print(f"moeperf baselines diff: git show at {args.rev}: {describe(exc)}", file=sys.stderr)
@@ -115,7 +117,7 @@ def _diff(args: argparse.Namespace) -> int:
     except (baselines.BaselineError, OSError, ValueError) as exc:
         print(f"moeperf baselines diff: {describe(exc)}", file=sys.stderr)
         return 2
-    print("\n".join(diff_markdown(baselines.diff_trees(old, new), title)))
+    print("\n".join(diff_markdown(trees.diff_trees(old, new), title)))
     return 0
 
 

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_moeperf.records import Measurement, Section
-    from pytest_moeperf.thresholds import Reference, Threshold
-    from pytest_moeperf.topology import Topology
-    from pytest_moeperf.verdict import Verdict
+    from pathlib import Path
+
+    from pytest_moeperf.judging.thresholds import Reference, Threshold
+    from pytest_moeperf.judging.verdict import Verdict
+    from pytest_moeperf.ledger import Measurement, Section
+    from pytest_moeperf.machine.topology import Topology
 
 
 @pytest.hookspec(firstresult=True)
@@ -40,3 +42,9 @@ def pytest_moeperf_verdict(config: pytest.Config, measurement: Measurement, roun
 def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:  # type: ignore[empty-body]
     """Return extra tables for the reports, built from this session's measurements (e.g. a decode-step budget).
     Results of all implementations are shown, in registration order."""
+
+
+@pytest.hookspec
+def pytest_moeperf_profile_dirs(config: pytest.Config) -> list[Path]:  # type: ignore[empty-body]
+    """Return serve-profile directories for the serving and spec-decode suites when ``--moeperf-profiles`` (or
+    its ini twin) names none: a suite's conftest names its own. Results of all implementations are joined."""

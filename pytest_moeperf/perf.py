@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from pytest_moeperf.records import Better, JSONScalar, Measurement, as_samples
+from pytest_moeperf.ledger import Better, JSONScalar, Measurement, as_samples
 
 
 class Perf:
@@ -22,8 +22,8 @@ class Perf:
         self._records: list[Measurement] = []
         self._earlier: list[tuple[Measurement, ...]] = []  # the records of earlier rounds (confirmation re-runs)
         self._simulated_from = simulated_from
-        #: why a round's measurement cannot decide anything (ordered, unique), and for which metrics (None: all)
-        self._unusable: dict[str, frozenset[str] | None] = {}
+        #: per round: why its window cannot decide anything (ordered, unique), and for which metrics (None: all)
+        self._unusable: list[dict[str, frozenset[str] | None]] = [{}]
         self._single: str | None = None  # why calling the test again would not measure again
 
     @property
@@ -40,23 +40,25 @@ class Perf:
         """Start another round of the same test (a confirmation re-run): the metrics may be recorded again."""
         self._earlier.append(self.records)
         self._records = []
+        self._unusable.append({})
 
     @property
     def unusable(self) -> tuple[str, ...]:
         """Why some round of this test measured nothing that can decide a verdict (see `inconclusive`)."""
-        return tuple(self._unusable)
+        return tuple(dict.fromkeys(r for found in self._unusable for r in found))
 
     def inconclusive(self, reason: str, only: Iterable[str] | None = None) -> None:
         """Declare this round's window degenerate (e.g. the measurement apparatus disturbed what it measured):
-        every metric of the test — or only the metrics named in ``only`` — is INCONCLUSIVE with ``reason``, shown
-        but never PASS/REGRESSED, and not written to the baselines."""
+        every metric of the test — or only the metrics named in ``only`` — cannot decide anything in this round:
+        shown, never PASS/REGRESSED on it, and not written to the baselines (another round may still decide)."""
         scope = None if only is None else frozenset(only)
-        earlier = self._unusable.get(reason, frozenset())
-        self._unusable[reason] = None if scope is None or earlier is None else earlier | scope
+        current = self._unusable[-1]
+        earlier = current.get(reason, frozenset())
+        current[reason] = None if scope is None or earlier is None else earlier | scope
 
-    def unusable_for(self, name: str) -> tuple[str, ...]:
-        """The reasons that make metric ``name`` INCONCLUSIVE (see `inconclusive`)."""
-        return tuple(r for r, scope in self._unusable.items() if scope is None or name in scope)
+    def unusable_for(self, name: str, round_index: int = -1) -> tuple[str, ...]:
+        """The reasons that make metric ``name`` unusable in a round (the current one by default)."""
+        return tuple(r for r, scope in self._unusable[round_index].items() if scope is None or name in scope)
 
     @property
     def single_round(self) -> str | None:

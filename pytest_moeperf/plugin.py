@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 import importlib
+import os
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 
 import pytest
 
-from pytest_moeperf import emulation as emulation_mod
-from pytest_moeperf import health as health_mod
-from pytest_moeperf import hookspec, markers, rounds
-from pytest_moeperf import placement as placement_mod
-from pytest_moeperf import probe as probe_mod
-from pytest_moeperf import settings as settings_mod
-from pytest_moeperf import topology as topology_mod
-from pytest_moeperf import verdict as verdict_mod
+from pytest_moeperf import hookspec, settings
+from pytest_moeperf.health import gate as health_gate
+from pytest_moeperf.judging import verdict as verdict_mod
+from pytest_moeperf.judging.thresholds import Reference, Threshold
+from pytest_moeperf.ledger import Measurement
+from pytest_moeperf.machine import emulation, markers, placement, probe
+from pytest_moeperf.machine import topology as topology_mod
+from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.records import Measurement
-from pytest_moeperf.session import MoePerfSession, perf_key
-from pytest_moeperf.settings import Settings
-from pytest_moeperf.thresholds import Reference, Threshold
-from pytest_moeperf.topology import Topology, TopologyError
-from pytest_moeperf.verdict import Verdict
-
-session_key = pytest.StashKey[MoePerfSession]()
+from pytest_moeperf.processes import rounds
+from pytest_moeperf.processes.children import ONLY_ENV, read_only
+from pytest_moeperf.runtime import (
+    perf_key,
+    restore_env_key,
+    session_key,
+    settings_key,
+    skip_past_deadline,
+    started_key,
+)
+from pytest_moeperf.session import MoePerfSession
 
 #: Modules whose fixtures and hooks belong to the plugin (registered when importable).
 PLUGIN_MODULES = (
@@ -35,30 +39,39 @@ PLUGIN_MODULES = (
 
 MARKERS = markers.MARKERS
 
+__all__ = ["MARKERS", "PLUGIN_MODULES", "session_key", "settings_key", "skip_past_deadline"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    settings_mod.add_options(parser)
+    settings.add_options(parser)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspec)
 
 
+def _register_wings(config: pytest.Config) -> None:
+    for name in PLUGIN_MODULES:
+        if not config.pluginmanager.has_plugin(name):
+            config.pluginmanager.register(importlib.import_module(name), name)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """``--moeperf-rounds N`` (N > 1): this process runs the rounds as child sessions and merges them."""
-    settings = settings_mod.resolve(config)
-    if not rounds.is_parent(config, settings.rounds, settings.round_of):
+    """``--moeperf-rounds N`` (N > 1): this process runs the rounds as child sessions and merges their ledgers."""
+    resolved = settings.resolve(config)
+    if not rounds.is_parent(config, resolved.rounds, resolved.round_of):
         return None
-    config.stash[settings_key] = settings
-    topo = _session_topology(config, settings)
+    config.stash[settings_key] = resolved
+    _register_wings(config)  # their report tables are made from the merged ledger here
+    topo = _session_topology(config, resolved)
     try:
-        return rounds.run(config, MoePerfSession(config, settings, topo))
+        return rounds.run(config, MoePerfSession(config, resolved, topo))
     finally:
         config.stash[restore_env_key]()
 
 
-def _session_topology(config: pytest.Config, settings: Settings) -> Topology:
+def _session_topology(config: pytest.Config, resolved: settings.Settings) -> Topology:
     """The topology from the hook, under ``--moeperf-interconnect-emulation`` when one is asked for (its NCCL
     variables are set in this process's environment until `pytest_unconfigure`)."""
     try:
@@ -66,7 +79,7 @@ def _session_topology(config: pytest.Config, settings: Settings) -> Topology:
     except TopologyError as exc:
         raise pytest.UsageError(f"--moeperf-topology: {exc}") from None
     try:
-        topo, restore = emulation_mod.apply(settings.emulation, topo)
+        topo, restore = emulation.apply(resolved.emulation, topo)
     except ValueError as exc:
         raise pytest.UsageError(f"--moeperf-interconnect-emulation: {exc}") from None
     config.stash[restore_env_key] = restore
@@ -76,25 +89,19 @@ def _session_topology(config: pytest.Config, settings: Settings) -> Topology:
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    settings = settings_mod.resolve(config)
-    config.stash[settings_key] = settings
-    for name in PLUGIN_MODULES:
-        if not config.pluginmanager.has_plugin(name):
-            config.pluginmanager.register(importlib.import_module(name), name)
-    topo = _session_topology(config, settings)
-    placed = placement_mod.install(config, topo.gpu_count, settings.share_gpus)
-    limits = health_mod.HealthLimits.resolve(settings.health_foreign_cores, settings.health_steal_pct)
-    health_mod.install(config, limits if settings.health else None, placement_mod.session_roots(placed),
-                       (lambda item: ()) if topo.simulated else placed.nvml_indices)
+    resolved = settings.resolve(config)
+    config.stash[settings_key] = resolved
+    _register_wings(config)
+    topo = _session_topology(config, resolved)
+    placed = placement.install(config, topo.gpu_count, resolved.share_gpus)
+    limits = health_gate.HealthLimits.resolve(resolved.health_foreign_cores, resolved.health_steal_pct)
+    health_gate.install(config, limits if resolved.health else None, placement.session_roots(placed),
+                        (lambda item: ()) if topo.simulated else placed.nvml_indices)
     config.stash[started_key] = time.monotonic()
-    state = MoePerfSession(config, settings, topo)
+    state = MoePerfSession(config, resolved, topo)
+    state.placement_note = placement.shared_cores_note(config, placed)
     config.stash[session_key] = state
     config.pluginmanager.register(state, "moeperf-session")
-
-
-settings_key = pytest.StashKey[Settings]()
-started_key = pytest.StashKey[float]()
-restore_env_key = pytest.StashKey[Callable[[], None]]()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -103,20 +110,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    return placement_mod.auto_workers(config)
+    return placement.auto_workers(config)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_moeperf_topology(config: pytest.Config) -> Topology:
-    settings = config.stash[settings_key]
-    if settings.topology_file is not None:
-        return topology_mod.load_topology(settings.topology_file)
-    return probe_mod.probe()
+    file = config.stash[settings_key].topology_file
+    found: Topology = topology_mod.load_topology(file) if file is not None else probe.probe()
+    return found
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_moeperf_verdict(measurement: Measurement, rounds: tuple[tuple[float, ...], ...],
-                           reference: Reference | None, threshold: Threshold) -> Verdict:
+                           reference: Reference | None, threshold: Threshold) -> verdict_mod.Verdict:
     return verdict_mod.judge(measurement.key, measurement.name, measurement.unit, measurement.better, rounds,
                              reference, threshold)
 
@@ -127,10 +133,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     topo = state.topology
     gpus = f"{topo.gpu_count}x {topo.gpus[0].name}" if topo.gpus else "no GPU"
-    return [f"moeperf: {state.fingerprint.slug} (hash {state.fingerprint.hash}), {gpus}, "
-            f"interconnect {topo.interconnect}{', simulated' if topo.simulated else ''}"
-            f"{f' under emulation {topo.emulation}' if topo.emulation else ''}; "
-            f"baselines {state.store.directory}{' (update)' if state.settings.update else ''}"]
+    lines = [f"moeperf: {state.fingerprint.slug} (hash {state.fingerprint.hash}, host {state.host or 'unknown'}), "
+             f"{gpus}, interconnect {topo.interconnect}{', simulated' if topo.simulated else ''}"
+             f"{f' under emulation {topo.emulation}' if topo.emulation else ''}; "
+             f"baselines {state.store.directory}{' (update)' if state.settings.update else ''}"]
+    return lines + ([state.placement_note] if state.placement_note else [])
 
 
 # ---------------------------------------------------------------------------------------------- markers
@@ -138,6 +145,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     topo = config.stash[session_key].topology
     for item in items:
         markers.apply(item, topo)
+    only = os.environ.get(ONLY_ENV)
+    if only:  # an extra round of a --moeperf-rounds parent: only the tests it names
+        keep = read_only(only)
+        deselected = [item for item in items if item.nodeid not in keep]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item.nodeid in keep]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -153,7 +167,7 @@ def topology(pytestconfig: pytest.Config) -> Topology:
 
 
 @pytest.fixture(scope="session")
-def moeperf_settings(pytestconfig: pytest.Config) -> Settings:
+def moeperf_settings(pytestconfig: pytest.Config) -> settings.Settings:
     """Every ``--moeperf-*`` option, resolved."""
     return pytestconfig.stash[settings_key]
 
@@ -161,23 +175,10 @@ def moeperf_settings(pytestconfig: pytest.Config) -> Settings:
 @pytest.fixture
 def perf(request: pytest.FixtureRequest) -> Generator[Perf, None, None]:
     """Record metrics: ``perf.record(name, samples, unit=..., better="lower"|"higher")``."""
-    state = request.config.stash[session_key]
-    topo = state.topology
+    topo = request.config.stash[session_key].topology
     recorder = Perf(request.node.nodeid, simulated_from=topo.source if topo.simulated else None)
     request.node.stash[perf_key] = recorder
     yield recorder
-
-
-def skip_past_deadline(config: pytest.Config) -> None:
-    """Skip the running test when ``--moeperf-deadline`` has passed. Called before every test that records
-    metrics, or, for a test marked ``moeperf_deadline_inside``, by the test itself before it starts new work."""
-    deadline = config.stash[settings_key].deadline_s
-    if deadline is None:
-        return
-    elapsed = time.monotonic() - config.stash[started_key]
-    if elapsed > deadline:
-        pytest.skip(f"--moeperf-deadline {deadline:g} s passed ({elapsed:.0f} s into the session): "
-                    "the batch's time slot is used up")
 
 
 @pytest.fixture(autouse=True)

@@ -52,7 +52,7 @@ PY
 # 1. topology
 $PY -m pytest_moeperf.cli topology >"$OUT/topology.txt" 2>&1
 note "moeperf topology rc=$?"
-SLUG=$($PY -c "from pytest_moeperf.probe import probe; print(probe().fingerprint.slug)" 2>>"$SUMMARY")
+SLUG=$($PY -c "from pytest_moeperf.machine.probe import probe; print(probe().fingerprint.slug)" 2>>"$SUMMARY")
 note "fingerprint slug: ${SLUG:-unknown}"
 
 EXTRA=()

@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_moeperf.attribution.table import attribution_lines, attribution_markdown
 from pytest_moeperf.attribution.trace import Attribution, TraceError, attribute_trace
-from pytest_moeperf.cliargs import at_least, describe, http_url, input_file, number_in, output_path
+from pytest_moeperf.settings.checks import at_least, describe, http_url, input_file, number_in, output_path
 
 __all__ = ["MAX_SUM_ERROR", "main_attribute"]
 

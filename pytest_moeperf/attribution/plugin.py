@@ -18,8 +18,8 @@ import pytest
 from pytest_moeperf.attribution.classify import COMPONENTS
 from pytest_moeperf.attribution.table import COLUMNS
 from pytest_moeperf.attribution.trace import Attribution, attribute_trace
+from pytest_moeperf.ledger import JSONScalar, Measurement, Section
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.records import JSONScalar, Measurement, Section
 
 __all__ = ["Attributor", "attribution", "metric_name"]
 

@@ -1,12 +1,12 @@
 """Render an :class:`~pytest_moeperf.attribution.trace.Attribution` the way ``moeperf budget`` renders its
 per-component summary: component, per-step µs, share %; as rows, terminal lines, Markdown and a report
-:class:`~pytest_moeperf.records.Section`. Formatters return lines; they print nothing."""
+:class:`~pytest_moeperf.ledger.Section`. Formatters return lines; they print nothing."""
 
 from __future__ import annotations
 
 from pytest_moeperf.attribution.classify import COMPONENTS
 from pytest_moeperf.attribution.trace import Attribution
-from pytest_moeperf.records import Section
+from pytest_moeperf.ledger import Section
 
 __all__ = ["COLUMNS", "attribution_lines", "attribution_markdown", "attribution_rows", "attribution_section",
            "title"]

@@ -10,11 +10,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pytest_moeperf.cliargs import at_least, describe, number_in, output_path, pvalue
 from pytest_moeperf.history.plugin import HISTORY_DIR, HISTORY_FILE
 from pytest_moeperf.history.records import Point
 from pytest_moeperf.history.store import HistoryError, HistoryStore, is_postgresql, match_keys, redact, sqlite_path
 from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, WINDOW, split_by_fingerprint
+from pytest_moeperf.settings.checks import at_least, describe, number_in, output_path, pvalue
 
 ENV = "MOEPERF_HISTORY"
 

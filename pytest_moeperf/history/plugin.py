@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.history.records import MetricRecord, ReportFormatError, RunRecord, records_from_report
+from pytest_moeperf.history.records import MetricRecord, ReportFormatError, SessionRecord, records_from_report
 from pytest_moeperf.history.store import (
     OFF,
     HistoryError,
@@ -74,7 +74,7 @@ def _warn(message: str) -> None:
         sys.stderr.write(f"moeperf: {message}\n")
 
 
-def record_session(run: RunRecord, metrics: Sequence[MetricRecord], target: str) -> int | None:
+def record_session(run: SessionRecord, metrics: Sequence[MetricRecord], target: str) -> int | None:
     """Append one session to the history at ``target`` in one transaction. Returns the run's id, or None after
     warning when the history cannot be opened or written (nothing of the session is then stored)."""
     try:

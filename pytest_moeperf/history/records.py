@@ -1,4 +1,4 @@
-"""What the history stores: one `RunRecord` per session and one `MetricRecord` per metric of it, and the one
+"""What the history stores: one `SessionRecord` per session and one `MetricRecord` per metric of it, and the one
 adapter that builds them from the JSON report document the session writes (pytest-benchmark schema)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ class ReportFormatError(ValueError):
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class SessionRecord:
     """One session's provenance. Times are ISO 8601 in UTC; ``versions`` are software versions by name."""
 
     finished: str
@@ -26,8 +26,10 @@ class RunRecord:
     git_dirty: bool = False
     host: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
+    host_id: str | None = None  # `Fingerprint.host`: which machine (a node name can repeat across machines)
+    branch: str | None = None  # the git branch (a pull request's head branch in CI)
 
-    def changed_versions(self, before: RunRecord) -> list[str]:
+    def changed_versions(self, before: SessionRecord) -> list[str]:
         """``name old -> new`` for each version that differs from ``before``'s."""
         names = sorted(set(before.versions) | set(self.versions))
         return [f"{n} {before.versions.get(n, '-')} -> {self.versions.get(n, '-')}" for n in names
@@ -59,11 +61,11 @@ class MetricRecord:
 
 
 @dataclass(frozen=True)
-class StoredRun:
-    """A `RunRecord` as read back from a store, with the id the store gave it."""
+class StoredSession:
+    """A `SessionRecord` as read back from a store, with the id the store gave it."""
 
     id: int
-    run: RunRecord
+    run: SessionRecord
     metrics: int = 0
     regressed: int = 0
 
@@ -72,7 +74,7 @@ class StoredRun:
 class Point:
     """One point of a metric's series: the run and the metric's record in it."""
 
-    run: StoredRun
+    run: StoredSession
     metric: MetricRecord
 
 
@@ -108,17 +110,18 @@ def _iso(value: Any, what: str) -> str:
     return stamp.astimezone(dt.UTC).isoformat(timespec="seconds")
 
 
-def run_from_report(doc: Mapping[str, Any], started: str | None = None) -> RunRecord:
+def run_from_report(doc: Mapping[str, Any], started: str | None = None) -> SessionRecord:
     machine = doc.get("machine_info") or {}
     commit = doc.get("commit_info") or {}
     moeperf = machine.get("moeperf") or {}
     slug, digest = moeperf.get("fingerprint"), moeperf.get("hash")
     if not isinstance(slug, str) or not isinstance(digest, str):
         raise ReportFormatError("report: machine_info.moeperf has no fingerprint slug and hash")
-    return RunRecord(finished=_iso(doc.get("datetime"), "datetime"), fingerprint=slug, fingerprint_hash=digest,
+    return SessionRecord(finished=_iso(doc.get("datetime"), "datetime"), fingerprint=slug, fingerprint_hash=digest,
                      started=_iso(started, "start time") if started else None,
                      git_commit=commit.get("id") or None, git_dirty=bool(commit.get("dirty", False)),
-                     host=str(machine.get("node") or ""), versions=_versions(machine))
+                     host=str(machine.get("node") or ""), versions=_versions(machine),
+                     host_id=moeperf.get("host") or None, branch=commit.get("branch") or None)
 
 
 def metric_from_benchmark(bench: Mapping[str, Any]) -> MetricRecord:
@@ -138,11 +141,11 @@ def metric_from_benchmark(bench: Mapping[str, Any]) -> MetricRecord:
                         better=str(info.get("better") or "lower"), median=median,
                         n=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else 0,
                         iqr=_number(stats.get("iqr")) or 0.0, status=str(info.get("verdict") or "UNKNOWN"),
-                        change=_number(info.get("change")), allowed=_number(info.get("allowed")),
+                        change=_number(info.get("change")), allowed=_number(info.get("mde", info.get("allowed"))),
                         baseline=_number(info.get("baseline_median")))
 
 
-def records_from_report(doc: Mapping[str, Any], started: str | None = None) -> tuple[RunRecord, list[MetricRecord]]:
+def records_from_report(doc: Mapping[str, Any], started: str | None = None) -> tuple[SessionRecord, list[MetricRecord]]:
     """The run and its metrics from a ``--moeperf-report`` document; extra keys are ignored, optional ones may be
     missing. ``started`` (ISO 8601) is the session's start, which the report does not carry."""
     benchmarks = doc.get("benchmarks")

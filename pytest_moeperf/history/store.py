@@ -17,9 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pytest_moeperf.history.records import MetricRecord, Point, RunRecord, StoredRun
+from pytest_moeperf.history.records import MetricRecord, Point, SessionRecord, StoredSession
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 OFF = ("off", "none", "no", "false", "0")
 
 
@@ -54,6 +54,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX moeperf_metrics_key ON moeperf_metrics (test_id, name)",
         "CREATE INDEX moeperf_runs_fingerprint ON moeperf_runs (fingerprint_hash, finished)",
     ),
+    (  # which machine (host id) and which branch a session ran on: noise is learned per host and branch
+        "ALTER TABLE moeperf_runs ADD COLUMN host_id TEXT",
+        "ALTER TABLE moeperf_runs ADD COLUMN branch TEXT",
+    ),
 )
 
 
@@ -87,14 +91,15 @@ def redact(target: str) -> str:
 
 
 _RUN_COLUMNS = "r.id, r.started, r.finished, r.git_commit, r.git_dirty, r.host, r.fingerprint, r.fingerprint_hash, " \
+               "r.host_id, r.branch, " \
                "r.versions"
 _METRIC_COLUMNS = "m.test_id, m.name, m.unit, m.better, m.median, m.n, m.iqr, m.status, m.change, m.allowed, m.baseline"
 
 
-def _run(row: Sequence[Any], metrics: int = 0, regressed: int = 0) -> StoredRun:
-    return StoredRun(id=int(row[0]), metrics=int(metrics or 0), regressed=int(regressed or 0), run=RunRecord(
+def _run(row: Sequence[Any], metrics: int = 0, regressed: int = 0) -> StoredSession:
+    return StoredSession(id=int(row[0]), metrics=int(metrics or 0), regressed=int(regressed or 0), run=SessionRecord(
         started=row[1], finished=row[2], git_commit=row[3], git_dirty=bool(row[4]), host=row[5], fingerprint=row[6],
-        fingerprint_hash=row[7], versions=json.loads(row[8])))
+        fingerprint_hash=row[7], host_id=row[8], branch=row[9], versions=json.loads(row[10])))
 
 
 def _metric(row: Sequence[Any]) -> MetricRecord:
@@ -207,15 +212,16 @@ class HistoryStore:
             raise HistoryError(f"cannot migrate history {redact(self.target)}: {type(exc).__name__}: {exc}") from None
 
     # ------------------------------------------------------------------------------------------ writing
-    def append(self, run: RunRecord, metrics: Sequence[MetricRecord]) -> int:
+    def append(self, run: SessionRecord, metrics: Sequence[MetricRecord]) -> int:
         """Store one session in one transaction; returns the run's id. Nothing is stored when anything fails."""
         try:
             with self._transaction():
                 row = self.conn.execute(self._sql(
                     "INSERT INTO moeperf_runs (started, finished, git_commit, git_dirty, host, fingerprint, "
-                    "fingerprint_hash, versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"),
+                    "fingerprint_hash, host_id, branch, versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"),
                     (run.started, run.finished, run.git_commit, run.git_dirty, run.host, run.fingerprint,
-                     run.fingerprint_hash, json.dumps(dict(run.versions), sort_keys=True))).fetchone()
+                     run.fingerprint_hash, run.host_id, run.branch,
+                     json.dumps(dict(run.versions), sort_keys=True))).fetchone()
                 run_id = int(row[0])
                 cursor = self.conn.cursor()
                 cursor.executemany(self._sql(
@@ -229,7 +235,7 @@ class HistoryStore:
         return run_id
 
     # ------------------------------------------------------------------------------------------ reading
-    def runs(self, fingerprint: str | None = None, limit: int | None = None) -> list[StoredRun]:
+    def runs(self, fingerprint: str | None = None, limit: int | None = None) -> list[StoredSession]:
         """Runs oldest first (the last ``limit`` of them), with their metric and regression counts."""
         where, params = ("WHERE r.fingerprint = ? OR r.fingerprint_hash = ?", [fingerprint, fingerprint]) \
             if fingerprint else ("", [])
@@ -238,7 +244,7 @@ class HistoryStore:
             f"FROM moeperf_runs r LEFT JOIN moeperf_metrics m ON m.run_id = r.id {where} "
             f"GROUP BY {_RUN_COLUMNS} ORDER BY r.finished DESC, r.id DESC"
             + (f" LIMIT {int(limit)}" if limit else ""), params)
-        return [_run(row[:9], row[9], row[10]) for row in reversed(rows)]
+        return [_run(row[:11], row[11], row[12]) for row in reversed(rows)]
 
     def keys(self) -> list[str]:
         return sorted(f"{t}::{n}" for t, n in self._rows("SELECT DISTINCT test_id, name FROM moeperf_metrics"))
@@ -253,16 +259,25 @@ class HistoryStore:
             params += [fingerprint, fingerprint]
         rows = self._rows(f"SELECT {_RUN_COLUMNS}, {_METRIC_COLUMNS} FROM moeperf_metrics m JOIN moeperf_runs r "
                           f"ON r.id = m.run_id WHERE {where} ORDER BY r.finished, r.id", params)
-        return [Point(run=_run(row[:9]), metric=_metric(row[9:])) for row in rows]
+        return [Point(run=_run(row[:11]), metric=_metric(row[11:])) for row in rows]
 
-    def recent(self, key: str, fingerprint_hash: str, limit: int,
-               statuses: Sequence[str] = ("PASS", "IMPROVED", "NEW")) -> list[MetricRecord]:
+    def recent(self, key: str, fingerprint_hash: str, limit: int, *, unit: str | None = None,
+               better: str | None = None, since: str | None = None, host_id: str | None = None,
+               branch: str | None = None, statuses: Sequence[str] = ("PASS", "IMPROVED", "NEW")) -> list[MetricRecord]:
         """The last ``limit`` records of ``key`` on this fingerprint whose verdict is one of ``statuses``, newest
-        first: what a noise model learns a metric's run-to-run spread from."""
+        first: what a noise model learns a metric's run-to-run spread from. Each given filter narrows them to the
+        same measurement: ``unit`` and ``better``, sessions finished at or after ``since`` (the re-record that
+        reset the baseline's runs), the same ``host_id`` and ``branch``."""
         test_id, _, name = key.rpartition("::")
         marks = ", ".join("?" for _ in statuses)
+        where = ["m.test_id = ?", "m.name = ?", "r.fingerprint_hash = ?", f"m.status IN ({marks})"]
+        params: list[Any] = [test_id, name, fingerprint_hash, *statuses]
+        for column, value in (("m.unit = ?", unit), ("m.better = ?", better), ("r.finished >= ?", since),
+                              ("r.host_id = ?", host_id), ("r.branch = ?", branch)):
+            if value is not None:
+                where.append(column)
+                params.append(value)
         rows = self._rows(f"SELECT {_METRIC_COLUMNS} FROM moeperf_metrics m JOIN moeperf_runs r ON r.id = m.run_id "
-                          f"WHERE m.test_id = ? AND m.name = ? AND r.fingerprint_hash = ? AND m.status IN ({marks}) "
-                          f"ORDER BY r.finished DESC, r.id DESC LIMIT {int(limit)}",
-                          [test_id, name, fingerprint_hash, *statuses])
+                          f"WHERE {' AND '.join(where)} ORDER BY r.finished DESC, r.id DESC LIMIT {int(limit)}",
+                          params)
         return [_metric(row) for row in rows]

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_moeperf import stats
+from pytest_moeperf.judging import stats
 from pytest_moeperf.kernels import timing
 from pytest_moeperf.kernels.allreduce_impls import Impl, Unsupported, build_impl
 from pytest_moeperf.kernels.models import allreduces_per_step, get_model
 from pytest_moeperf.kernels.rank_worker import Backend, Rank
-from pytest_moeperf.records import Measurement, Section
+from pytest_moeperf.ledger import Measurement, Section
 
 if TYPE_CHECKING:
     import torch

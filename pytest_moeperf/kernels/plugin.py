@@ -10,7 +10,7 @@ import pytest
 from pytest_moeperf.kernels.budget import budget_sections_from
 from pytest_moeperf.kernels.collectives import busbw_sections
 from pytest_moeperf.kernels.rank_controller import RankPool
-from pytest_moeperf.records import Measurement, Section
+from pytest_moeperf.ledger import Measurement, Section
 from pytest_moeperf.settings import Settings
 
 

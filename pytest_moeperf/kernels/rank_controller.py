@@ -11,7 +11,7 @@ seconds), so :class:`RankPool` keeps one group per (world size, backend).
 When a rank does not answer within the timeout, dies, or raises, the whole group is torn down
 (SIGUSR1 → Python stacks dumped by ``faulthandler``, then SIGTERM, then SIGKILL to each session) and
 :class:`RankFailure` names the rank(s), what happened and the state of the others; the parent then checks
-``/proc`` that no process of those sessions is left (:mod:`pytest_moeperf.processes`).
+``/proc`` that no process of those sessions is left (:mod:`pytest_moeperf.processes.lifecycle`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pytest_moeperf.kernels.rank_worker import Backend, Rank
-from pytest_moeperf.processes import (
+from pytest_moeperf.processes.lifecycle import (
     KILL_GRACE_S,
     describe_returncode,
     leftover_processes,
@@ -175,7 +175,7 @@ class RankGroup:
         if self.backend == "gloo":
             env_common.setdefault("OMP_NUM_THREADS", "1")
         elif os.environ.get("MOEPERF_ALL_GPUS"):
-            # an xdist worker sees only its own GPU (pytest_moeperf.placement); its ranks need every GPU of the box
+            # an xdist worker sees only its own GPU (machine.placement); its ranks need every GPU of the box
             env_common["CUDA_VISIBLE_DEVICES"] = os.environ["MOEPERF_ALL_GPUS"]
         try:
             for rank in range(self.world_size):

@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from pytest_moeperf.cliargs import describe, number_in, output_path
 from pytest_moeperf.serving.profiles import DEFAULT_DIR as DEFAULT_PROFILES
+from pytest_moeperf.settings.checks import describe, number_in, output_path
 
 __all__ = ["main_serve"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from pytest_moeperf.emulation import names
+    from pytest_moeperf.machine.emulation import names
 
     p = argparse.ArgumentParser(prog="moeperf serve", description=__doc__.split("\n\n")[0])
     p.add_argument("profile", help="serve profile name (a *.json in --profiles)")
@@ -48,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main_serve(argv: Sequence[str] | None = None) -> int:
     """0: served until interrupted; 2: bad profile, refused emulation, or the server did not come up."""
-    from pytest_moeperf import emulation, probe
     from pytest_moeperf.attribution.window import profiler_args
+    from pytest_moeperf.machine import emulation, probe
     from pytest_moeperf.serving.pool import ServerPool, ServeSkip
     from pytest_moeperf.serving.profiles import ProfileError, load_profile_dirs
     from pytest_moeperf.serving.server import ServerDied, ServerStartError

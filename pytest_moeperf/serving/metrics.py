@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_moeperf.stats import quantile
+from pytest_moeperf.judging.stats import quantile
 
 __all__ = [
     "RequestOutcome",
@@ -110,7 +110,7 @@ class Slo:
 @dataclass(frozen=True)
 class Distribution:
     """How one latency spreads over a window, as ``vllm bench serve`` prints it: mean, median, population std
-    and percentiles, in the unit of its samples (not the verdict's :class:`pytest_moeperf.stats.Summary`)."""
+    and percentiles, in the unit of its samples (not the verdict's :class:`pytest_moeperf.judging.stats.Summary`)."""
 
     count: int
     mean: float

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf.health import HealthGate
-from pytest_moeperf.records import Measurement, Section
+from pytest_moeperf.health.gate import HealthGate
+from pytest_moeperf.ledger import Measurement, Section
+from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.serving.attach import AttachError, attached_profiles
 from pytest_moeperf.serving.metrics import percentile
 from pytest_moeperf.serving.pool import ServerPool, ServeSkip, Watch
@@ -33,7 +34,6 @@ from pytest_moeperf.serving.served import Served
 from pytest_moeperf.serving.server import ServerDied, ServerStartError
 from pytest_moeperf.serving.specdecode import CandidateRow, comparison_table
 from pytest_moeperf.settings import Settings
-from pytest_moeperf.topology import Topology
 
 log = logging.getLogger("pytest_moeperf.serving")
 
@@ -68,7 +68,9 @@ def profiles_for(config: pytest.Config) -> dict[str, ServeProfile]:
         if settings.server_urls:
             found = attached_profiles(settings.server_urls, local_gpus=_local_gpus(config))
         else:
-            found = load_profile_dirs(settings.profile_dirs)
+            dirs = settings.profile_dirs or tuple(d for found_dirs in config.hook.pytest_moeperf_profile_dirs(
+                config=config) for d in found_dirs)
+            found = load_profile_dirs(dirs)
     except (ProfileError, AttachError) as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_profiles_key] = found
@@ -226,13 +228,13 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def _settings_key() -> pytest.StashKey[Settings]:
-    from pytest_moeperf.plugin import settings_key
+    from pytest_moeperf.runtime import settings_key
 
     return settings_key
 
 
 def _local_gpus(config: pytest.Config) -> int:
-    from pytest_moeperf.plugin import session_key
+    from pytest_moeperf.runtime import session_key
 
     topo = config.stash[session_key].topology
     return 0 if topo.simulated else topo.gpu_count

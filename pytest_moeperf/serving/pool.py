@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_moeperf.health_record import HealthReport
+from pytest_moeperf.ledger import HealthReport
 from pytest_moeperf.serving.profiles import (
     KIMI_SHAPED,
     TARGETS,

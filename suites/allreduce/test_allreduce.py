@@ -30,9 +30,9 @@ from pytest_moeperf.kernels.collectives import (
     slowest_rank,
 )
 from pytest_moeperf.kernels.rank_controller import RankFailure, RankPool
+from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.settings import Settings
-from pytest_moeperf.topology import Topology
 
 pytestmark = pytest.mark.allreduce
 

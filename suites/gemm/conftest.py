@@ -7,13 +7,13 @@ import platform
 
 import pytest
 
-from pytest_moeperf.baselines import BaselineStore
 from pytest_moeperf.kernels.budget import AllReducePoint, allreduce_points_from_store
 from pytest_moeperf.kernels.budget.inputs import ALLREDUCE_SUITE
 from pytest_moeperf.kernels.devices import DeviceSpec, cpu_device, cuda_device
 from pytest_moeperf.kernels.gemm import default_device
+from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.settings import Settings
-from pytest_moeperf.topology import Topology
+from pytest_moeperf.store.baselines import BaselineStore
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,8 @@ from pytest_moeperf.kernels.budget import (
 )
 from pytest_moeperf.kernels.devices import DeviceSpec
 from pytest_moeperf.kernels.models import get_model, rank_gemms
+from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.topology import Topology
 
 pytestmark = pytest.mark.gemm
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.plugin import skip_past_deadline
+from pytest_moeperf.runtime import skip_past_deadline
 from pytest_moeperf.serving.loadgen import ClosedLoop
 from pytest_moeperf.serving.metrics import coalesced, latency_samples, percentile
 from pytest_moeperf.serving.plugin import Pool, profile_params, profiles_for

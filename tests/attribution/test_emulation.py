@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from pytest_moeperf import emulation
-from pytest_moeperf.topology import Link, Topology, load_topology
+from pytest_moeperf.machine import emulation
+from pytest_moeperf.machine.topology import Link, Topology, load_topology
 
 
 @pytest.fixture

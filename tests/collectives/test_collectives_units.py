@@ -16,7 +16,7 @@ from pytest_moeperf.kernels.collectives import (
     slowest_rank,
 )
 from pytest_moeperf.kernels.rank_controller import _in_torch_distributed, _main_thread_stack
-from pytest_moeperf.records import Measurement
+from pytest_moeperf.ledger import Measurement
 
 
 def test_algbw_is_bytes_over_time_in_gb_per_s() -> None:

@@ -1,4 +1,4 @@
-"""Process sessions (pytest_moeperf.processes) on real processes: a child's own children are ended with it."""
+"""Process sessions (pytest_moeperf.processes.lifecycle) on real processes: a child's own children are ended with it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_moeperf.processes import (
+from pytest_moeperf.processes.lifecycle import (
     describe_returncode,
     leftover_processes,
     log_tail,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.history.records import MetricRecord, RunRecord, records_from_report
+from pytest_moeperf.history.records import MetricRecord, SessionRecord, records_from_report
 from pytest_moeperf.history.store import (
     SCHEMA_VERSION,
     HistoryError,
@@ -70,7 +70,7 @@ def test_runs_filter_and_limit_and_recent_accepted_values(target: str) -> None:
 def test_a_sqlite_history_is_a_plain_file_other_tools_read(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "dir" / "h.sqlite"
     with HistoryStore.open(f"sqlite:///{path}") as store:
-        store.append(RunRecord(finished="2026-11-01T00:00:00+00:00", fingerprint="f", fingerprint_hash="h"),
+        store.append(SessionRecord(finished="2026-11-01T00:00:00+00:00", fingerprint="f", fingerprint_hash="h"),
                      [MetricRecord("a.py::t", "m", "s", "lower", 1.0, 1, 0.0, "NEW")])
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT test_id, name, status FROM moeperf_metrics").fetchall() == [("a.py::t", "m", "NEW")]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.baselines import BaselineStore
+from pytest_moeperf.judging.thresholds import Reference, Threshold
+from pytest_moeperf.judging.verdict import Status, judge
 from pytest_moeperf.kernels.budget import (
     AllReducePoint,
     Piece,
@@ -24,9 +25,8 @@ from pytest_moeperf.kernels.budget import (
 from pytest_moeperf.kernels.budget.cli import main_budget
 from pytest_moeperf.kernels.devices import lookup
 from pytest_moeperf.kernels.models import KIMI_K2_5, rank_gemms
-from pytest_moeperf.records import Measurement
-from pytest_moeperf.thresholds import Reference, Threshold
-from pytest_moeperf.verdict import Status, judge
+from pytest_moeperf.ledger import Measurement
+from pytest_moeperf.store.baselines import BaselineStore
 
 
 def uniform_pieces(us: float, impl_routed: str = "int4") -> list[Piece]:
@@ -152,7 +152,8 @@ def _verdicts(baseline: list[Piece], current: list[Piece], ar_us: float) -> dict
     old = {g.name: g for g in guard_metrics(build_budget(KIMI_K2_5, 8, 1, baseline, ar_us))}
     out = {}
     for g in guard_metrics(build_budget(KIMI_K2_5, 8, 1, current, ar_us)):
-        v = judge(g.name, g.name, g.unit, g.better, [[g.value] * 5], Reference((old[g.name].value,)),
+        # 4 rounds against 3 stored runs: enough for the rank test to decide
+        v = judge(g.name, g.name, g.unit, g.better, [[g.value] * 5] * 4, Reference((old[g.name].value,) * 3),
                   Threshold(0.05))
         out[g.name] = (v.status, g.gated)
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf import probe, topology
+from pytest_moeperf.machine import probe, topology
 
 
 def moeperf(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -77,8 +77,8 @@ def test_unknown_command_is_a_usage_error(args: list[str]) -> None:
 def test_baselines_merge_joins_the_runs_of_copies_updated_apart(tmp_path: Path) -> None:
     """Two runners (or two device calls) start from one committed baseline and each append a run: the merge keeps
     the shared run once and both new ones, and refuses copies measured on another machine."""
-    from pytest_moeperf import baselines
-    from pytest_moeperf.records import Measurement
+    from pytest_moeperf.ledger import Measurement
+    from pytest_moeperf.store import baselines, entries
 
     def update(root: Path, value: float, date: str, fp_hash: str = "abc") -> None:
         m = Measurement("suites/x/test_s.py::test_a", "time", (value, value), "us", "lower")
@@ -96,7 +96,7 @@ def test_baselines_merge_joins_the_runs_of_copies_updated_apart(tmp_path: Path) 
     entry = baselines.read_file(main / "box" / "test_s.json").entries["suites/x/test_s.py::test_a::time"]
     assert [r.median for r in entry.all_runs] == [10.0, 11.0, 12.0]
     assert entry.summary.median == 12.0 and entry.reference().sittings == 3
-    assert [r.median for r in baselines.merge_entries(entry, entry, keep=2).all_runs] == [11.0, 12.0]
+    assert [r.median for r in entries.merge_entries(entry, entry, keep=2).all_runs] == [11.0, 12.0]
 
     other = tmp_path / "other"
     update(other, 50.0, "2026-12-01T04:00:00", fp_hash="def")

@@ -15,8 +15,15 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf.health import BAD_REASONS, HealthLimits, auto_foreign_cores, foreign_cpu, judge_gpus, judge_host
-from pytest_moeperf.health_probes import GpuSample, HostSample, NvmlProbe, process_tree, sample_host
+from pytest_moeperf.health.gate import (
+    BAD_REASONS,
+    HealthLimits,
+    auto_foreign_cores,
+    foreign_cpu,
+    judge_gpus,
+    judge_host,
+)
+from pytest_moeperf.health.probes import GpuSample, HostSample, NvmlProbe, process_tree, sample_host
 
 #: load the plugin from the checkout unless it is installed (its pytest11 entry point registers it then)
 PLUGIN: tuple[str, ...] = () if any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(
@@ -235,13 +242,13 @@ def test_measure(perf):
 DUMP_HEALTH = """
 import json
 import pytest
-from pytest_moeperf.health_record import health_key
+from pytest_moeperf.runtime import health_key
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item, call):
     if call.when == "call":
-        found = item.stash.get(health_key, None)
+        found = item.stash.get(health_key, {}).get(0)  # the first round's window
         with open("health.json", "w") as handle:
             json.dump(None if found is None else {"ok": found.ok, "reasons": list(found.reasons),
                                                   "facts": found.facts}, handle)
@@ -332,10 +339,10 @@ def test_health_off_registers_no_gate(pytester: pytest.Pytester) -> None:
 def test_bad_threshold_values_are_usage_errors(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest(*PLUGIN, "--moeperf-health-foreign-cores", "lots")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*expected a number of cores such as 0.5, or auto, got 'lots'*"])
+    result.stderr.fnmatch_lines(["*--moeperf-health-foreign-cores: expected a number, got 'lots'*"])
     pytester.makeini("[pytest]\nmoeperf_health_steal = 150\n")
     result = pytester.runpytest(*PLUGIN)
-    result.stderr.fnmatch_lines(["*moeperf_health_steal: a percentage is in [[]0, 100], got 150.0*"])
+    result.stderr.fnmatch_lines(["*moeperf_health_steal: a percentage is in [[]0, 100], got 150*"])
 
 
 def test_help_shows_the_health_and_placement_options(pytester: pytest.Pytester) -> None:

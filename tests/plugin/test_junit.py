@@ -23,12 +23,13 @@ def properties(path) -> dict[str, str]:  # type: ignore[no-untyped-def]
 def test_junit_xml_holds_the_metric_properties(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_junit_suite=SUITE)
-    run_moeperf("--moeperf-update").assert_outcomes(passed=1)
+    for _ in range(3):
+        run_moeperf("--moeperf-update", "--moeperf-history", "off").assert_outcomes(passed=1)
     monkeypatch.setenv("SCALE", "1.5")
     xml = pytester.path / "junit.xml"
-    result = run_moeperf("--moeperf-confirm", "0", f"--junitxml={xml}")
+    result = run_moeperf("--moeperf-history", "off", f"--junitxml={xml}")
     result.assert_outcomes(failed=1)
     props = properties(xml)
     value = props["moeperf:latency"]
-    assert value.startswith("REGRESSED; current 15 us; baseline 10 us (1 run(s)); change +50.00 %"), value
+    assert value.startswith("REGRESSED; current 15 us; baseline 10 us (3 run(s)); change +50.00 %"), value
     assert "mde" in value

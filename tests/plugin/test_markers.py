@@ -109,7 +109,7 @@ def test_missing_topology_file_names_the_bundled_ones(pytester: pytest.Pytester,
 DEADLINE_TESTS = """
 import time
 import pytest
-from pytest_moeperf.plugin import skip_past_deadline
+from pytest_moeperf.runtime import skip_past_deadline
 
 SHARED = {}
 
@@ -141,5 +141,5 @@ def test_deadline_lets_a_test_reuse_finished_work_and_skips_new_work(run_moeperf
     result = run_moeperf("--moeperf-deadline", "1", "-rs", "--moeperf-update")
     result.assert_outcomes(passed=2, skipped=2)
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_deadline.py:23: --moeperf-deadline 1 s passed*"])  # test_c
-    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *plugin.py:*: --moeperf-deadline 1 s passed*"])  # test_d
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *runtime.py:*: --moeperf-deadline 1 s passed*"])  # test_d
     result.stdout.fnmatch_lines(["*test_b_reuses_it::x_again*NEW"])

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.perf import Perf
-from pytest_moeperf.placement import (
+from pytest_moeperf.machine.placement import (
     GpuLocks,
     Placement,
     PlacementPlugin,
@@ -24,7 +23,8 @@ from pytest_moeperf.placement import (
     worker_number,
     worker_slot,
 )
-from pytest_moeperf.session import perf_key
+from pytest_moeperf.perf import Perf
+from pytest_moeperf.runtime import perf_key
 
 #: load the plugin from the checkout unless it is installed (its pytest11 entry point registers it then)
 PLUGIN: tuple[str, ...] = () if any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(
@@ -76,10 +76,13 @@ def test_a_multi_gpu_test_locks_every_gpu_a_single_gpu_test_its_own(pytester: py
     assert Placement(devices=()).item_slots(double) == ()
 
 
-def test_the_whole_session_is_ours_only_when_each_worker_has_its_own_gpu() -> None:
+def test_xdist_workers_are_never_each_others_foreign_load() -> None:
+    """The fault sweep: under ``pytest -n 2`` on a CPU box each worker counted the other as foreign CPU, so every
+    metric was INCONCLUSIVE and an update wrote nothing. The whole xdist session is ours, GPUs or not."""
     assert session_roots(Placement(devices=("0", "1"), own=1, controller_pid=42)) == (os.getpid(), 42)
-    assert session_roots(Placement(devices=("0",), own=0, share=True, controller_pid=42)) == (os.getpid(),)
-    assert session_roots(Placement(devices=(), controller_pid=42)) == (os.getpid(),)
+    assert session_roots(Placement(devices=("0",), own=0, share=True, controller_pid=42)) == (os.getpid(), 42)
+    assert session_roots(Placement(devices=(), controller_pid=42)) == (os.getpid(), 42)
+    assert session_roots(Placement(devices=())) == (os.getpid(),)
 
 
 def test_the_gpu_a_test_ran_on_goes_into_its_metrics_context(pytester: pytest.Pytester) -> None:

@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from pytest_moeperf.shift import family_views, shift_notes, shift_sections, sign_test_p
-from pytest_moeperf.stats import summarize
-from pytest_moeperf.verdict import Status, Verdict
+from pytest_moeperf.judging.shift import family_views, shift_notes, shift_sections, sign_test_p
+from pytest_moeperf.judging.stats import summarize
+from pytest_moeperf.judging.verdict import Status, Verdict
 
 
 def _verdict(case: str, change: float, *, name: str = "time", better: str = "lower", allowed: float = 0.05,
              status: Status = Status.PASS, family: str = "suites/gemm/test_gemm.py") -> Verdict:
     return Verdict(f"{family}::test_gemm[{case}]::{name}", name, "us", better, status, summarize([1.0 + change]),
-                   (1.0 + change,), reference=1.0, runs=10, change=change, allowed=allowed)
+                   (1.0 + change,), reference=1.0, runs=10, change=change, mde=allowed)
 
 
 def test_sign_test_is_the_exact_binomial() -> None:
@@ -91,7 +91,8 @@ def test_kernel(perf, case):
 def test_a_session_on_a_faster_machine_reports_the_shift_and_keeps_its_verdicts(  # type: ignore[no-untyped-def]
         pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_cases=CASES)
-    run_moeperf("--moeperf-update", "--moeperf-health", "off").assert_outcomes(passed=10)
+    for _ in range(3):  # three stored runs: a baseline that knows its noise
+        run_moeperf("--moeperf-update", "--moeperf-health", "off").assert_outcomes(passed=10)
     monkeypatch.setenv("SCALE", "0.8")  # every case 20 % faster: the machine, not the code
     monkeypatch.setenv("SCALE_9", "0.97")  # one case only 3 % faster: inside its threshold, +21 % relative
     report = pytester.path / "report.json"
@@ -109,5 +110,6 @@ def test_a_session_on_a_faster_machine_reports_the_shift_and_keeps_its_verdicts(
     doc = json.loads(report.read_text())
     (section,) = [s for s in doc["moeperf"]["sections"] if s["title"].startswith("Machine shift")]
     assert section["rows"][0][2] == "10 of 10 better"
-    statuses = {r["verdict"]["key"].split("::")[1]: r["verdict"]["status"] for r in doc["moeperf"]["results"]}
-    assert statuses["test_kernel[9]"] == "PASS" and statuses["test_kernel[0]"] == "IMPROVED"
+    verdicts = {r["verdict"]["key"].split("::")[1]: r["verdict"] for r in doc["moeperf"]["records"]}
+    assert verdicts["test_kernel[9]"]["status"] == "PASS" and verdicts["test_kernel[0]"]["status"] == "IMPROVED"
+    assert "family time moved -20.0 % (10 of 10 cases): likely the machine" in verdicts["test_kernel[0]"]["reason"]

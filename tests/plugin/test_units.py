@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf import baselines, stats, topology
-from pytest_moeperf.records import Measurement
-from pytest_moeperf.thresholds import Reference, Threshold
-from pytest_moeperf.verdict import Status, judge
+from pytest_moeperf.judging import stats
+from pytest_moeperf.judging.thresholds import Reference, Threshold
+from pytest_moeperf.judging.verdict import Cause, Status, judge, rounds_needed
+from pytest_moeperf.ledger import Measurement
+from pytest_moeperf.machine import topology
+from pytest_moeperf.store import baselines, files, trees
 
 
 def test_quantiles_match_linear_interpolation() -> None:
@@ -61,6 +63,11 @@ def ref(*medians: float, iqr: float = 0.0) -> Reference:
     return Reference(tuple(medians), iqr)
 
 
+def learned(median: float, spread: float = 0.01) -> Reference:
+    """One stored run, with a spread learned from the metric's family on this host."""
+    return Reference((median,), family_spread=spread, family_source="3 other cases")
+
+
 @pytest.mark.parametrize(
     ("better", "scale", "expected"),
     [("lower", 1.2, Status.REGRESSED), ("lower", 0.8, Status.IMPROVED), ("lower", 1.04, Status.PASS),
@@ -68,7 +75,52 @@ def ref(*medians: float, iqr: float = 0.0) -> Reference:
 )
 def test_verdict_is_direction_aware(better: str, scale: float, expected: Status) -> None:
     samples = [10.0, 10.1, 9.9, 10.0, 10.05]
-    assert judge("k", "m", "us", better, [[x * scale for x in samples]], ref(10.0), Threshold(0.1)).status is expected
+    found = judge("k", "m", "us", better, [[x * scale for x in samples]], learned(10.0), Threshold(0.1))
+    assert found.status is expected and found.noise_source == "family"
+
+
+@pytest.mark.parametrize("scale", [1.3, 0.7, 10.0])
+def test_too_few_runs_never_fire(scale: float) -> None:
+    """Fewer than 3 stored runs and no learned spread: a change beyond the threshold is INCONCLUSIVE, named."""
+    for reference in (ref(10.0), ref(10.0, 10.1)):
+        found = judge("k", "m", "us", "lower", [[10.0 * scale] * 20] * 3, reference, Threshold())
+        assert found.status is Status.INCONCLUSIVE and found.cause == Cause.TOO_FEW_RUNS
+        assert f"only {reference.runs} stored run" in found.reason and not found.more_rounds_help
+    assert judge("k", "m", "us", "lower", [[10.1] * 20], ref(10.0), Threshold()).status is Status.PASS
+
+
+def test_three_runs_need_four_rounds_and_more_rounds_can_decide() -> None:
+    """The fault sweep's hole: 3 rounds against 3 stored runs cannot reach p < 0.05; 4 can."""
+    assert [rounds_needed(m) for m in (1, 2, 3, 4, 5, 19, 20)] == [20, 5, 4, 3, 2, 2, 1]
+    runs = ref(100.0, 100.2, 99.9)
+    three = judge("k", "m", "us", "lower", [[1000.0] * 20] * 3, runs, Threshold())
+    assert three.status is Status.INCONCLUSIVE and three.cause == Cause.FEW_ROUNDS and three.more_rounds_help
+    assert "4 rounds can" in three.reason
+    four = judge("k", "m", "us", "lower", [[1000.0] * 20] * 4, runs, Threshold())
+    assert four.status is Status.REGRESSED and "p = 0.029" in four.reason
+
+
+def test_another_hosts_baseline_needs_a_spread_between_hosts() -> None:
+    one_host = Reference((10.0, 10.01, 9.99), other_hosts="1 other host")
+    found = judge("k", "m", "us", "lower", [[13.0] * 20] * 4, one_host, Threshold())
+    assert found.status is Status.INCONCLUSIVE and found.cause == Cause.OTHER_HOST
+    assert "baseline from another host" in found.reason
+    hosts = Reference((10.0, 10.4, 9.7), other_hosts="3 other hosts", host_spread=0.03)
+    spread = judge("k", "m", "us", "lower", [[13.0] * 20] * 4, hosts, Threshold())
+    assert spread.status is Status.REGRESSED and spread.noise_source == "hosts"
+    assert spread.mde == pytest.approx(0.09)
+
+
+def test_quiet_floor_needs_this_hosts_runs_from_two_sittings() -> None:
+    quiet = Reference((100.0, 100.1, 99.9, 100.05), sittings=2)
+    assert Threshold(0.05, quiet_floor=0.03).bound(quiet).mde == 0.03
+    assert Threshold(0.05, quiet_floor=None).bound(quiet).mde == 0.05
+    one_sitting = dataclasses.replace(quiet, sittings=1)
+    assert Threshold(0.05, quiet_floor=0.03).bound(one_sitting).mde == 0.05
+    loud = Reference((100.0, 102.0, 98.0, 101.0), sittings=3)  # noise term 3 x 1.48 % > the floor
+    noise = 3 * stats.relative_spread(loud.run_medians)  # type: ignore[operator]
+    assert Threshold(0.05, quiet_floor=0.03).bound(loud).mde == pytest.approx(noise)
+    assert Threshold(0.02, quiet_floor=0.03).bound(quiet).mde == 0.02  # the floor never raises the minimum effect
 
 
 def test_small_sample_masking_cases_never_pass() -> None:
@@ -87,7 +139,7 @@ def test_disagreeing_rounds_and_scattered_samples_are_inconclusive() -> None:
     runs = ref(10.0, 10.1, 9.9, 10.0, 10.05)
     split = judge("k", "m", "us", "lower", [[13.0], [10.0], [13.5]], runs, Threshold(0.1))
     assert split.status is Status.INCONCLUSIVE and "1 of 3" not in split.reason and "2 of 3" in split.reason
-    scattered = judge("k", "m", "us", "lower", [[8.0, 9.0, 13.0, 14.0, 15.0]], ref(10.0), Threshold(0.1))
+    scattered = judge("k", "m", "us", "lower", [[8.0, 9.0, 13.0, 14.0, 15.0]], learned(10.0), Threshold(0.1))
     assert scattered.status is Status.INCONCLUSIVE and "too noisy" in scattered.reason
     assert judge("k", "m", "us", "lower", [[13.0], [13.1], [13.2]], runs, Threshold(0.1)).status is Status.REGRESSED
 
@@ -105,12 +157,12 @@ def test_threshold_is_min_effect_or_k_times_the_learned_spread() -> None:
     allowed, note = Threshold(0.05, noise_k=3).allowed(loud)
     assert allowed == pytest.approx(3 * 1.4826 * 5.0 / 100.0) and "from 5 runs" in note
     one = Threshold(0.05).allowed(ref(100.0, iqr=0.2))
-    assert one[0] == 0.2 and "spread from 1 run" in one[1]
+    assert one[0] == 0.2 and "no between-run spread" in one[1]
 
 
 def test_absolute_tolerance_and_zero_baselines() -> None:
-    assert judge("k", "m", "us", "lower", [[1.5] * 5], ref(1.0), Threshold(0.1)).status is Status.REGRESSED
-    assert judge("k", "m", "us", "lower", [[1.5] * 5], ref(1.0), Threshold(0.1, 1.0)).status is Status.PASS
+    assert judge("k", "m", "us", "lower", [[1.5] * 5], learned(1.0), Threshold(0.1)).status is Status.REGRESSED
+    assert judge("k", "m", "us", "lower", [[1.5] * 5], learned(1.0), Threshold(0.1, 1.0)).status is Status.PASS
     zero = judge("k", "m", "GB/s", "higher", [[0.0]], ref(0.0), Threshold())
     assert zero.status is Status.PASS
     unusable = judge("k", "m", "GB/s", "higher", [[5.0]], ref(0.0), Threshold())
@@ -196,7 +248,7 @@ def test_store_update_merges_and_refuses_a_corrupt_file(tmp_path: Path) -> None:
     assert entries["suites/x/test_s.py::a::t"].summary.median == 3.0
     assert entries["suites/x/test_s.py::b::t"].summary.median == 2.0
     store.path("test_s").write_text("garbage")
-    with pytest.raises(baselines.BaselineError, match="test_s.json is corrupt"):
+    with pytest.raises(baselines.BaselineError, match="test_s.json is not valid JSON"):
         store.update([_m("a", "t", 4.0)], fp, {})
     assert store.path("test_s").read_text() == "garbage"
 
@@ -234,7 +286,7 @@ def test_non_finite_baselines_are_refused_on_read_and_write(tmp_path: Path) -> N
 def test_files_get_the_umask_mode(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
-        baselines.atomic_write(tmp_path / "f.json", "{}")
+        files.atomic_write(tmp_path / "f.json", "{}")
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "f.json").stat().st_mode) == 0o644
@@ -246,13 +298,13 @@ def test_diff_trees_reports_added_removed_changed() -> None:
 
     old = {"fp/s": {"a": entry("a", 1.0), "b": entry("b", 2.0)}}
     new = {"fp/s": {"a": entry("a", 1.5), "c": entry("c", 3.0)}}
-    changes = {c.key: c for c in baselines.diff_trees(old, new)}
+    changes = {c.key: c for c in trees.diff_trees(old, new)}
     assert changes["a"].kind == "changed" and changes["a"].relative == pytest.approx(0.5)
     assert changes["b"].kind == "removed" and changes["c"].kind == "added"
 
 
 def test_provenance_without_a_commit_is_unknown_not_clean(tmp_path: Path) -> None:
-    from pytest_moeperf.session import git_commit_info
+    from pytest_moeperf.machine.provenance import git_commit_info
 
     info = git_commit_info(tmp_path)  # not a git checkout
     assert info["id"] is None and info["dirty"] is None

@@ -51,11 +51,20 @@ def stored(pytester: pytest.Pytester) -> dict:  # type: ignore[type-arg]
     return json.loads(files[0].read_text())["metrics"]  # type: ignore[no-any-return]
 
 
+def record_runs(run_moeperf, pytester: pytest.Pytester, n: int = 3, *args: str) -> None:  # type: ignore[no-untyped-def]
+    """``n`` stored runs: one ``--moeperf-update`` session each (a baseline needs 3 before it can decide)."""
+    for _ in range(n):
+        assert run_moeperf("--moeperf-update", *args).ret == pytest.ExitCode.OK
+    calls(pytester)
+
+
 def test_confirmation_reruns_and_a_persistent_regression_still_fails(pytester: pytest.Pytester,  # type: ignore[no-untyped-def]
                                                                      run_moeperf, monkeypatch: pytest.MonkeyPatch):
     pytester.makepyfile(test_syn=SYNTHETIC)
+    pytester.makeini("[pytest]\nmoeperf_history = off\n")  # the baseline's runs alone set the noise here
     run_moeperf("--moeperf-update").assert_outcomes(passed=2)
     assert calls(pytester) == 1  # one call under --moeperf-update (no confirmation)
+    record_runs(run_moeperf, pytester, 2)
 
     monkeypatch.setenv("MOEPERF_TEST_SCALES", "1.5,1.0,1.0")  # one slow round, then normal again
     flaky = run_moeperf("-k", "test_latency")
@@ -66,11 +75,19 @@ def test_confirmation_reruns_and_a_persistent_regression_still_fails(pytester: p
     monkeypatch.setenv("MOEPERF_TEST_SCALES", "1.5")
     slow = run_moeperf("-k", "test_latency")
     slow.assert_outcomes(failed=1)
-    assert calls(pytester) == 3, "1 round + 2 confirmations (--moeperf-confirm default)"
-    slow.stdout.fnmatch_lines(["*latency: baseline 10 ms (1 run) -> current 15 ms (n=15, 3 rounds)*REGRESSED"])
+    assert calls(pytester) == 4, "against 3 stored runs the rank test needs 4 rounds: 1 + 3 confirmations"
+    slow.stdout.fnmatch_lines(["*latency: baseline 10 ms (3 runs) -> current 15 ms (n=20, 4 rounds)*REGRESSED: "
+                               "rank test p = 0.029*"])
 
-    assert run_moeperf("-k", "test_latency", "--moeperf-confirm", "0").ret == pytest.ExitCode.TESTS_FAILED
-    assert calls(pytester) == 1
+    # without the rounds it needs, the change is named and counted, and --moeperf-strict fails it
+    budget = run_moeperf("-k", "test_latency", "--moeperf-confirm", "0")
+    assert budget.ret == pytest.ExitCode.OK and calls(pytester) == 1
+    budget.stdout.fnmatch_lines(["INCONCLUSIVE test_syn.py::test_latency::latency: every round is worse than the "
+                                 "threshold, but 1 round(s) against 3 stored runs cannot reach p < 0.05: 4 rounds can "
+                                 "— the confirmation budget (0 more round(s)) ended it, not the evidence*",
+                                 "*1 metric(s) moved beyond their threshold but are not decided*"])
+    assert run_moeperf("-k", "test_latency", "--moeperf-confirm", "0", "--moeperf-strict").ret == \
+        pytest.ExitCode.TESTS_FAILED
 
 
 def test_a_value_measured_once_is_not_confirmed_by_copies_of_itself(pytester: pytest.Pytester,  # type: ignore[no-untyped-def]
@@ -85,12 +102,15 @@ def test_a_value_measured_once_is_not_confirmed_by_copies_of_itself(pytester: py
                 handle.write("call\\n")
             perf.record("startup_s", 60.0 * float(os.environ.get("SCALE", "1")), unit="s")
     """)
-    run_moeperf("--moeperf-update").assert_outcomes(passed=1)
-    calls(pytester)
+    record_runs(run_moeperf, pytester, 3)
     monkeypatch.setenv("SCALE", "1.5")
     result = run_moeperf()
     assert calls(pytester) == 1, "no confirmation rounds"
-    result.stdout.fnmatch_lines(["*startup_s: baseline 60 s (1 run) -> current 90 s (n=1), change +50.0 %*"])
+    result.stdout.fnmatch_lines(["*test_once.py::test_startup::startup_s*60*90*+50.0 %*INCONCLUSIVE",
+                                 "INCONCLUSIVE *startup_s: every round is worse than the threshold, but 1 round(s) "
+                                 "against 3 stored runs cannot reach p < 0.05: 4 rounds can — the confirmation budget "
+                                 "(0 more round(s)) ended it, not the evidence: raise --moeperf-rounds (the test is "
+                                 "measured once a session: measured when the fixture started)"])
 
 
 def test_one_lucky_sample_does_not_mask_a_regression(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
@@ -102,9 +122,9 @@ def test_one_lucky_sample_does_not_mask_a_regression(pytester: pytest.Pytester, 
             perf.record("t", [100, 190, 190, 190, 190] if bad else [100] * 5, unit="ms")
             perf.record("speedup", [1.2, 1.2, 1.2, 1.9] if bad else [1.82] * 4, unit="x", better="higher")
     """)
-    run_moeperf("--moeperf-update").assert_outcomes(passed=1)
+    record_runs(run_moeperf, pytester, 3)
     monkeypatch.setenv("BAD", "1")
-    result = run_moeperf("--moeperf-confirm", "0")
+    result = run_moeperf()
     out = result.stdout.str()
     assert "test_mask.py::test_t::t" in out and " PASS" not in out, out
     result.assert_outcomes(failed=1)
@@ -126,7 +146,8 @@ def test_missing_metrics_and_strict_mode(pytester: pytest.Pytester, run_moeperf,
 
     strict = run_moeperf("--moeperf-strict")
     assert strict.ret == pytest.ExitCode.TESTS_FAILED
-    strict.stdout.fnmatch_lines(["*--moeperf-strict: 1 metric(s) INCONCLUSIVE or MISSING: the session fails*"])
+    strict.stdout.fnmatch_lines(["*--moeperf-strict: 1 metric(s) INCONCLUSIVE or MISSING and 0 warning(s): the "
+                                 "session fails*"])
     deselected = run_moeperf("--moeperf-strict", "-k", "test_latency")
     assert deselected.ret == pytest.ExitCode.OK and "MISSING" not in deselected.stdout.str()
     if importlib.util.find_spec("xdist") is not None:  # workers' reports reach the controller, which decides
@@ -242,12 +263,13 @@ def test_unhealthy_window_is_inconclusive_with_its_reasons(pytester: pytest.Pyte
     run_moeperf("--moeperf-update").assert_outcomes(passed=2)
     pytester.makeconftest("""
         import pytest
-        from pytest_moeperf.health_record import HealthReport, health_key
+        from pytest_moeperf.ledger import HealthReport
+        from pytest_moeperf.runtime import health_key
 
         @pytest.hookimpl(wrapper=True)
         def pytest_runtest_makereport(item, call):
             if call.when == "call":
-                item.stash[health_key] = HealthReport(False, ("host: 1.8 foreign cores busy",), {"load": 3.5})
+                item.stash[health_key] = {0: HealthReport(False, ("host: 1.8 foreign cores busy",), {"load": 3.5})}
             return (yield)
     """)
     monkeypatch.setenv("MOEPERF_TEST_SCALE", "2.0")
@@ -255,9 +277,12 @@ def test_unhealthy_window_is_inconclusive_with_its_reasons(pytester: pytest.Pyte
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["INCONCLUSIVE test_syn.py::test_latency::latency: health: host: 1.8 foreign cores*"])
     doc = json.loads((pytester.path / "r.json").read_text())
-    assert doc["moeperf"]["results"][0]["health"]["facts"] == {"load": 3.5}
+    (record,) = doc["moeperf"]["records"]
+    assert [r["health"]["facts"] for r in record["rounds"]] == [{"load": 3.5}]
     update = run_moeperf("--moeperf-update", "-k", "test_latency")
-    update.stdout.fnmatch_lines(["*1 metric(s) of failed tests (or unhealthy windows) were not written*"])
+    update.stdout.fnmatch_lines(["*1 metric(s) not written to the baselines (health: host: 1.8 foreign cores busy): "
+                                 "test_syn.py::test_latency::latency*"])
+    assert update.ret == pytest.ExitCode.TESTS_FAILED, "an update that wrote nothing it measured fails"
     assert stored(pytester)["test_syn.py::test_latency::latency"]["summary"]["median"] == pytest.approx(10.0)
 
 
@@ -268,12 +293,13 @@ def test_an_unhealthy_round_drops_its_own_run_from_an_update_not_the_others(  # 
     pytester.makepyfile(test_syn=SYNTHETIC)
     pytester.makeconftest("""
         import os, pytest
-        from pytest_moeperf.health_record import HealthReport, health_key
+        from pytest_moeperf.ledger import HealthReport
+        from pytest_moeperf.runtime import health_key
 
         @pytest.hookimpl(wrapper=True)
         def pytest_runtest_makereport(item, call):
             if call.when == "call" and os.environ.get("MOEPERF_ROUND", "").startswith("2/"):
-                item.stash[health_key] = HealthReport(False, ("host: 1.8 foreign cores busy",), {})
+                item.stash[health_key] = {0: HealthReport(False, ("host: 1.8 foreign cores busy",), {})}
             return (yield)
     """)
     update = run_moeperf("--moeperf-update", "--moeperf-rounds", "3", "-k", "test_latency")

@@ -53,9 +53,12 @@ def test_second(served):
 
 
 def _profiles(pytester: pytest.Pytester) -> Path:
-    target = pytester.path / "suites" / "serving" / "profiles"
+    """A profiles directory the session's conftest names, as the suites' own conftest does."""
+    target = pytester.path / "profiles"
     target.mkdir(parents=True)
     shutil.copy(PROFILES / "cpu-tiny-nospec.json", target)
+    pytester.makeconftest("from pathlib import Path\n\n\ndef pytest_moeperf_profile_dirs(config):\n"
+                          "    return [Path(__file__).parent / 'profiles']\n")
     return target
 
 

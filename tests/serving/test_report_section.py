@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_moeperf.records import Measurement
+from pytest_moeperf.ledger import Measurement
 from pytest_moeperf.serving.plugin import pytest_moeperf_report_sections
 
 

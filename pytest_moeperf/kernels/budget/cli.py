@@ -8,13 +8,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.baselines import BaselineError
-from pytest_moeperf.cliargs import at_least, describe, file_problem, number_in
 from pytest_moeperf.kernels.budget.calc import ROUTED_IMPL_CHOICES, ROUTED_PREFERENCE, AllReducePoint, Piece, assemble
 from pytest_moeperf.kernels.budget.inputs import inputs_from_baselines, inputs_from_report
 from pytest_moeperf.kernels.budget.render import budget_lines
 from pytest_moeperf.kernels.devices import DeviceSpec, lookup
 from pytest_moeperf.kernels.models import ModelSpec, get_model, model_names
+from pytest_moeperf.settings.checks import at_least, describe, file_problem, number_in
+from pytest_moeperf.store.baselines import BaselineError
 
 __all__ = ["main_budget"]
 
@@ -90,7 +90,7 @@ def main_budget(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] 
         device: DeviceSpec | None = None
         tp = args.tp
         if args.topology:
-            from pytest_moeperf.topology import load_topology
+            from pytest_moeperf.machine.topology import load_topology
 
             topo = load_topology(args.topology)
             if topo.gpus:

@@ -7,9 +7,9 @@ The suites declare what a measurement is through its context (``perf.context``),
 * an all-reduce point: context ``op == "allreduce"`` with :data:`ALLREDUCE_KEYS` (``bytes, world, backend,
   mode``) and the metric ``latency_<mode>`` (µs), as ``suites/allreduce`` sets them.
 
-Sources: this session's measurements, a run's JSON report (through :func:`pytest_moeperf.report.benchmark_metrics`,
-the report format's reader) and stored baselines (only through :mod:`pytest_moeperf.baselines`: the store and its
-schema-checked reader).
+Sources: this session's measurements, a run's JSON report (through
+:func:`pytest_moeperf.reports.document.benchmark_metrics`, the report format's reader) and stored baselines (only
+through :mod:`pytest_moeperf.store.baselines`: the store and its schema-checked reader).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf import stats
-from pytest_moeperf.baselines import BaselineStore, read_file
+from pytest_moeperf.judging import stats
 from pytest_moeperf.kernels.budget.calc import AllReducePoint, Piece
-from pytest_moeperf.records import Measurement
-from pytest_moeperf.report import benchmark_metrics
+from pytest_moeperf.ledger import Measurement
+from pytest_moeperf.reports.document import benchmark_metrics
+from pytest_moeperf.store.baselines import BaselineStore, read_file
 
 __all__ = [
     "ALLREDUCE_KEYS",
@@ -112,7 +112,7 @@ def _store_records(store: BaselineStore, suites: Iterable[str]) -> list[Record]:
 
 def inputs_from_baselines(root: str | Path, slug: str) -> Inputs:
     """From every baseline file of fingerprint ``slug`` under ``root`` (schema-checked by the store's reader);
-    ``FileNotFoundError`` when that fingerprint has none, :class:`~pytest_moeperf.baselines.BaselineError` for a
+    ``FileNotFoundError`` when that fingerprint has none, :class:`~pytest_moeperf.store.baselines.BaselineError` for a
     file that cannot be used."""
     store = BaselineStore(Path(root), slug)
     if not store.directory.is_dir():

@@ -1,12 +1,12 @@
-"""A budget as Markdown lines or as a report :class:`~pytest_moeperf.records.Section`; nothing here prints."""
+"""A budget as Markdown lines or as a report :class:`~pytest_moeperf.ledger.Section`; nothing here prints."""
 
 from __future__ import annotations
 
 from pytest_moeperf.kernels.budget.calc import NOT_MODELLED, Budget, build_budget, select_points
 from pytest_moeperf.kernels.budget.inputs import inputs_from_measurements
 from pytest_moeperf.kernels.models import get_model
-from pytest_moeperf.records import Measurement, Section
-from pytest_moeperf.report import markdown_table
+from pytest_moeperf.ledger import Measurement, Section
+from pytest_moeperf.reports.render import markdown_table
 
 __all__ = ["budget_lines", "budget_section", "budget_sections_from", "budget_table"]
 

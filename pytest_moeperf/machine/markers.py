@@ -5,11 +5,12 @@ marker with bad arguments is a usage error of that test (it errors at setup), ne
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 
 import pytest
 
-from pytest_moeperf.thresholds import ThresholdError, marker_arguments
-from pytest_moeperf.topology import Topology
+from pytest_moeperf.judging.thresholds import ThresholdError, marker_values
+from pytest_moeperf.machine.topology import Topology
 
 MARKERS = (
     "gpus(n): needs at least n GPUs",
@@ -27,6 +28,12 @@ MARKERS = (
 )
 
 usage_error_key = pytest.StashKey[str]()
+
+
+def threshold_marker(item: pytest.Item | None) -> Mapping[str, float]:
+    """The closest ``moeperf_threshold`` marker's arguments, checked (`ThresholdError` names what is wrong)."""
+    marker = item.get_closest_marker("moeperf_threshold") if item is not None else None
+    return {} if marker is None else marker_values(marker.args, marker.kwargs)
 
 
 class MarkerError(ValueError):
@@ -89,7 +96,7 @@ def unmet_requirement(item: pytest.Item, topo: Topology) -> str | None:
 def apply(item: pytest.Item, topo: Topology) -> None:
     """Skip ``item`` when its requirements are unmet; remember a usage error to raise at its setup."""
     try:
-        marker_arguments(item)
+        threshold_marker(item)
         reason = unmet_requirement(item, topo)
     except (MarkerError, ThresholdError) as exc:
         item.stash[usage_error_key] = f"{item.nodeid}: bad marker: {exc}"

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 
-from pytest_moeperf.topology import Topology
+from pytest_moeperf.machine.topology import Topology
 
 __all__ = ["EMULATIONS", "Emulation", "apply", "check", "emulation_env", "get", "keyed_slug", "label", "names"]
 

@@ -1,8 +1,9 @@
 """The health gate: was the host (and the GPU) quiet while a test measured?
 
 Around the call of every test that uses the ``perf`` fixture, the gate samples the host and the test's GPUs
-(`pytest_moeperf.health_probes`) and stores a `HealthReport` in ``item.stash[health_key]`` before the call's
-report is made; the session marks that test's metrics INCONCLUSIVE when the report is not ok.
+(`pytest_moeperf.health.probes`) in each round of its call (the call and each confirmation re-run) and keeps a
+`HealthReport` per round in ``item.stash[health_key]``; the ledger records it with the round, and a round whose
+report is not ok cannot decide a verdict or be written to the baselines.
 
 What trips the gate (each limit an option with an ini twin):
 
@@ -32,9 +33,8 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf.health_probes import REASON_BITS, GpuSample, HostSample, NvmlProbe, ProcessId, sample_host
-from pytest_moeperf.health_record import HealthReport, health_key
-from pytest_moeperf.records import JSONScalar
+from pytest_moeperf.health.probes import REASON_BITS, GpuSample, HostSample, NvmlProbe, ProcessId, sample_host
+from pytest_moeperf.ledger import HealthReport, JSONScalar
 
 #: Shorter windows are not judged on host CPU time (per-process times tick at 10 ms).
 MIN_JUDGED_WINDOW_S = 0.2
@@ -219,12 +219,16 @@ class HealthGate:
         return probe.sample(indices) if probe is not None else []
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        from pytest_moeperf.session import perf_key
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+        """Each round of a ``perf`` test (its call, each confirmation re-run) is one window: its report is kept
+        under the round's index."""
+        from pytest_moeperf.runtime import health_key, perf_key
 
-        if item.stash.get(perf_key, None) is None:
+        perf = pyfuncitem.stash.get(perf_key, None)
+        if perf is None:
             return (yield)
-        indices: tuple[int, ...] = tuple(self.gpu_indices(item))
+        index = len(perf.rounds) - 1
+        indices: tuple[int, ...] = tuple(self.gpu_indices(pyfuncitem))
         host_start = sample_host(self.roots)
         gpu_start = self._gpu_samples(indices)
         try:
@@ -232,7 +236,8 @@ class HealthGate:
         finally:
             gpu_end = self._gpu_samples(indices)
             host_end = sample_host(self.roots)
-            item.stash[health_key] = self.judge(host_start, host_end, gpu_start, gpu_end)
+            reports = pyfuncitem.stash.setdefault(health_key, {})
+            reports[index] = self.judge(host_start, host_end, gpu_start, gpu_end)
 
     def judge(self, host_start: HostSample, host_end: HostSample, gpu_start: Sequence[GpuSample],
               gpu_end: Sequence[GpuSample]) -> HealthReport:

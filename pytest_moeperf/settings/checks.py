@@ -1,5 +1,6 @@
-"""Argument checks shared by the ``moeperf`` subcommands: an input a command cannot use is an argparse usage error
-(exit status 2, one line naming the option), not a traceback or a silently changed meaning."""
+"""The one set of argument checks: the ``--moeperf-*`` option table and the ``moeperf`` subcommands parse with
+these. An input that cannot be used is an argparse usage error (exit status 2, or a pytest usage error naming the
+option or ini key), not a traceback or a silently changed meaning."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 __all__ = ["at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
-           "pvalue"]
+           "parse_bool", "parse_cores", "parse_count", "parse_factor", "parse_floor", "parse_fraction", "parse_name",
+           "parse_percent", "parse_positive", "parse_seconds", "pvalue"]
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -108,3 +110,67 @@ def describe(exc: BaseException) -> str:
     elif isinstance(exc, OSError) and exc.strerror and text.startswith("[Errno"):
         text = f"{exc.filename}: {exc.strerror}" if exc.filename is not None else exc.strerror
     return " ".join(text.split()) or type(exc).__name__
+
+
+def parse_fraction(text: str) -> float:
+    """A relative tolerance: a fraction in [0, 10), e.g. ``0.1`` for 10 %."""
+    value = number_in(0.0)(text)
+    if value >= 10.0:
+        raise argparse.ArgumentTypeError(f"a tolerance is a fraction in [0, 10) such as 0.05, got {text}")
+    return value
+
+
+def parse_floor(text: str) -> float | None:
+    """A fraction such as ``0.03``, or ``off`` (None)."""
+    return None if text.strip().lower() in ("off", "none") else parse_fraction(text)
+
+
+def parse_seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    return number_in(0.0, strict=True)(text)
+
+
+def parse_count(text: str) -> int:
+    """An integer >= 0."""
+    return at_least(0)(text)
+
+
+def parse_positive(text: str) -> int:
+    """An integer >= 1."""
+    return at_least(1)(text)
+
+
+def parse_factor(text: str) -> float:
+    """A finite multiplier >= 0, such as 3."""
+    return number_in(0.0)(text)
+
+
+def parse_percent(text: str) -> float:
+    """A percentage in [0, 100]."""
+    value = number_in(0.0)(text)
+    if value > 100.0:
+        raise argparse.ArgumentTypeError(f"a percentage is in [0, 100], got {text}")
+    return value
+
+
+def parse_cores(text: str) -> float | None:
+    """A number of CPU cores >= 0, e.g. ``0.5``; ``auto`` (None): chosen from the CPUs this process may use."""
+    return None if text.strip().lower() == "auto" else number_in(0.0)(text)
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parse_name(text: str) -> str:
+    """A name for a file or a record: letters, digits, ``.``, ``_``, ``-``; 1 to 64 characters."""
+    name = text.strip()
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "._-" for c in name):
+        raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '.', '_' and '-' (at most 64), "
+                                         f"got {text!r}")
+    return name

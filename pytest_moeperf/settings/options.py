@@ -11,85 +11,19 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf.cliargs import at_least, number_in
-from pytest_moeperf.history.plugin import parse_history_option
-from pytest_moeperf.serving.profiles import DEFAULT_DIR as DEFAULT_PROFILE_DIR
-
-
-def parse_fraction(text: str) -> float:
-    """A relative tolerance: a fraction in [0, 10), e.g. ``0.1`` for 10 %."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.1, got {text!r}") from None
-    if not 0.0 <= value < 10.0:
-        raise argparse.ArgumentTypeError(f"a tolerance is a fraction in [0, 10), got {value}")
-    return value
-
-
-def parse_seconds(text: str) -> float:
-    """A positive, finite number of seconds (``nan`` and ``inf`` were accepted before)."""
-    return number_in(0.0, strict=True)(text)
-
-
-def parse_count(text: str) -> int:
-    """An integer >= 0."""
-    return at_least(0)(text)
-
-
-def parse_positive(text: str) -> int:
-    """An integer >= 1."""
-    return at_least(1)(text)
-
-
-def parse_factor(text: str) -> float:
-    """A non-negative multiplier such as 3."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number such as 3, got {text!r}") from None
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
-    return value
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def parse_cores(text: str) -> float | None:
-    """A number of CPU cores, e.g. ``0.5``; ``auto`` (None): chosen from the CPUs this process may use."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of cores such as 0.5, or auto, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"a number of cores must be >= 0, got {value}")
-    return value
-
-
-def parse_percent(text: str) -> float:
-    """A percentage in [0, 100]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage such as 10, got {text!r}") from None
-    if not 0.0 <= value <= 100.0:
-        raise argparse.ArgumentTypeError(f"a percentage is in [0, 100], got {value}")
-    return value
-
-
-def parse_url(text: str) -> str:
-    if not text.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"expected an http(s) URL such as http://127.0.0.1:8000, got {text!r}")
-    return text.rstrip("/")
+from pytest_moeperf.settings.checks import (
+    http_url,
+    parse_bool,
+    parse_cores,
+    parse_count,
+    parse_factor,
+    parse_floor,
+    parse_fraction,
+    parse_name,
+    parse_percent,
+    parse_positive,
+    parse_seconds,
+)
 
 
 def parse_server_urls(text: str) -> tuple[str, ...]:
@@ -97,13 +31,13 @@ def parse_server_urls(text: str) -> tuple[str, ...]:
     out = []
     for item in text.replace(",", " ").split():
         name, sep, url = item.rpartition("=") if "=" in item.split("://", 1)[0] else ("", "", item)
-        out.append(f"{name}={parse_url(url)}" if sep else parse_url(url))
+        out.append(f"{name}={http_url(url).rstrip('/')}" if sep else http_url(url).rstrip("/"))
     return tuple(out)
 
 
 def parse_emulation(text: str) -> str | None:
     """An interconnect emulation name (``emulation.py``), or ``none``."""
-    from pytest_moeperf import emulation
+    from pytest_moeperf.machine import emulation
 
     name = text.strip().lower()
     if name in ("", "none", "off"):
@@ -116,9 +50,13 @@ def parse_emulation(text: str) -> str | None:
 
 def parse_dirs(text: str) -> tuple[Path, ...]:
     """Directories separated by os.pathsep (or one per ini line)."""
-    import os
-
     return tuple(Path(p) for line in text.splitlines() for p in line.split(os.pathsep) if p.strip())
+
+
+def _parse_history(text: str) -> str | Path:
+    from pytest_moeperf.history.plugin import parse_history_option  # the history wing owns its target syntax
+
+    return parse_history_option(text)
 
 
 @dataclass(frozen=True)
@@ -143,8 +81,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("baselines", "baselines_dir", "directory of stored baselines, relative to the rootdir",
-           "DIR", Path, Path("baselines")),
+    Option("baselines", "baselines_dir", "directory of stored baselines (given on the command line: relative to the "
+           "current directory; in the ini file: to the ini file)", "DIR", Path, Path("baselines")),
     Option("update", "update", "write or refresh this fingerprint's baselines from this run "
            "(only the metrics that ran)", None, parse_bool, False),
     Option("report", "report", "write a JSON report in the pytest-benchmark schema to PATH", "PATH", Path, None),
@@ -153,8 +91,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("topology", "topology_file", "use a recorded or hand-written topology FILE instead of probing "
            "(simulates another box: collection and markers behave as there, measurements skip)",
            "FILE", Path, None),
-    Option("tolerance", "tolerance", "default minimum effect: the smallest relative change worth failing for, "
-           "as a fraction", "FRAC", parse_fraction, 0.05),
+    Option("tolerance", "tolerance", "the minimum effect: the smallest relative change worth failing for, as a "
+           "fraction (unset: 5 %, which quiet metrics may lower to --moeperf-quiet-floor)", "FRAC", parse_fraction,
+           None),
     Option("server-url", "server_urls", "measure the running OpenAI-compatible vLLM server at URL instead of "
            "launching servers (repeatable; NAME=URL names it, reference=URL and candidate=URL pair two servers "
            "for the spec-decode speedup)", "[NAME=]URL", parse_server_urls, (), repeat=True),
@@ -175,11 +114,21 @@ OPTIONS: tuple[Option, ...] = (
            "stored run medians)", "K", parse_factor, 3.0),
     Option("rounds", "rounds", "measure N independent rounds, each a separate pytest process, and judge (or "
            "--moeperf-update) with all of them", "N", parse_positive, 1),
-    Option("confirm", "confirm", "re-run a test whose metric crosses its threshold up to R times before judging "
-           "it on all its rounds", "R", parse_count, 2),
+    Option("confirm", "confirm", "the confirmation budget: re-run a test whose metric crosses its threshold up to R "
+           "times, while more rounds can still decide it (against 3 stored runs a rank test needs 4 rounds), then "
+           "judge it on all its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R",
+           parse_count, 3),
+    Option("quiet-floor", "quiet_floor", "the smallest mde of a quiet metric: one whose baseline runs come from this "
+           "host in 2 or more sittings and whose noise term is below the minimum effect (off: the minimum effect "
+           "is always the floor)", "FRAC|off", parse_floor, 0.03),
+    Option("host-id", "host_id", "name this host in the baselines it records and judges against (containers and "
+           "runner pools whose machine id is not stable); default: a hash of the machine id and the GPUs' UUIDs",
+           "NAME", parse_name, None),
+    Option("accept-shift", "accept_shift", "let --moeperf-update re-record metric families that moved together "
+           "(the machine-shift report: usually the machine, not the code)", None, parse_bool, False),
     Option("history", "history", "append this session's metrics, verdicts and provenance to a history database: a "
            "SQLite PATH, a postgresql:// URL, or off; unset: .moeperf/history.sqlite beside the baselines directory",
-           "URL|PATH|off", parse_history_option, None),
+           "URL|PATH|off", _parse_history, None),
     Option("html", "html", "write a self-contained HTML report (topology, change chart, sortable verdict table, "
            "trends of flagged metrics) to PATH", "PATH", Path, None),
     Option("health", "health", "judge each measurement window's health (foreign CPU load, steal, GPU throttling "
@@ -192,8 +141,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("share-gpus", "share_gpus", "allow more xdist workers than GPUs: workers share GPUs and take turns "
            "measuring on them", None, parse_bool, False),
     Option("profiles", "profile_dirs", "directories of serve profiles (*.json) the serving and spec-decode suites "
-           "run (repeatable, or os.pathsep-separated)", "DIR", parse_dirs, (DEFAULT_PROFILE_DIR,),
-           repeat=True),
+           "run (repeatable, or os.pathsep-separated); unset: the directories the suites name (the "
+           "pytest_moeperf_profile_dirs hook)", "DIR", parse_dirs, (), repeat=True),
     Option("interconnect-emulation", "emulation", "take NVLink (pcie-no-p2p) or also host shared memory "
            "(pcie-socket) away from NCCL in the all-reduce ranks and launched servers, as a labelled stand-in for a "
            "PCIe box without peer-to-peer; baselines are keyed apart (<slug>+NAME)", "NAME|none", parse_emulation,
@@ -214,7 +163,7 @@ class Settings:
     report: Path | None
     markdown: Path | None
     topology_file: Path | None
-    tolerance: float
+    tolerance: float | None  # None: the default minimum effect (thresholds.DEFAULT_TOLERANCE)
     server_urls: tuple[str, ...]
     server_timeout_s: float
     rank_timeout_s: float
@@ -226,6 +175,9 @@ class Settings:
     noise_k: float
     rounds: int
     confirm: int
+    quiet_floor: float | None
+    host_id: str | None
+    accept_shift: bool
     health: bool
     health_foreign_cores: float | None  # None: auto (`health.auto_foreign_cores`)
     health_steal_pct: float
@@ -236,23 +188,28 @@ class Settings:
     round_of: str | None = None  # "i/N" in a --moeperf-rounds child
 
 
+def _escaped(text: str) -> str:
+    """argparse formats help with ``%``: a literal percent sign is written twice."""
+    return text.replace("%", "%%")
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("moeperf", "MoE inference performance regression tests")
     for option in OPTIONS:
-        default_text = "off" if option.metavar is None else option.default
+        default_text = "off" if option.metavar is None else ("unset" if option.default is None else option.default)
         if isinstance(option.default, tuple):
             default_text = ", ".join(str(d) for d in option.default) or "none"
         help_text = f"{option.help} (default: {default_text})"
         if option.repeat:
             group.addoption(option.flag, metavar=option.metavar, type=option.parse, action="append",
-                            default=None, dest=option.ini, help=help_text)
+                            default=None, dest=option.ini, help=_escaped(help_text))
             parser.addini(option.ini, help_text, default=None)
         elif option.metavar is None:
-            group.addoption(option.flag, action="store_true", default=None, dest=option.ini, help=help_text)
+            group.addoption(option.flag, action="store_true", default=None, dest=option.ini, help=_escaped(help_text))
             parser.addini(option.ini, help_text, type="bool", default=option.default)
         else:
             group.addoption(option.flag, metavar=option.metavar, type=option.parse, default=None,
-                            dest=option.ini, help=help_text)
+                            dest=option.ini, help=_escaped(help_text))
             parser.addini(option.ini, help_text, default=None)
 
 

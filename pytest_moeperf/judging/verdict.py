@@ -8,11 +8,15 @@ The rule (stated in the README's "Verdicts" section):
 2. A change within the threshold (see `thresholds`) — or within ``abs_tolerance`` — is PASS.
 3. Beyond it, the verdict is REGRESSED (or IMPROVED) only when the evidence agrees:
    every round's median is beyond the threshold in the same direction, and
-   * when the sizes allow a significant result (1 / C(n+m, n) ≤ α = 0.05: e.g. 3 rounds against 5 stored runs),
-     a one-sided exact Mann-Whitney test of the round medians against the stored run medians gives p ≤ α;
-   * otherwise the quartile of all current samples nearest to the reference is beyond the threshold too, so a
-     lucky sample (or a lucky quarter of them) cannot hide a change, and a scattered set cannot make one.
-   When it does not agree, the verdict is INCONCLUSIVE and the reason says why.
+   * with at least 3 stored runs (or history sessions): a one-sided exact Mann-Whitney test of the round medians
+     against the stored run medians gives p < α = 0.05. Too few rounds for that (1 / C(n+m, n) ≥ α: 3 rounds
+     against 3 runs) is INCONCLUSIVE with cause ``few-rounds``, which confirmation answers with more rounds;
+   * with fewer stored runs and a spread learned from the metric's family on this host: the quartile of all
+     current samples nearest to the reference is beyond the threshold too;
+   * with fewer stored runs and no learned spread, or a baseline of another host without a spread between hosts:
+     never (INCONCLUSIVE, cause ``too-few-runs`` / ``other-host``).
+   When it does not agree, the verdict is INCONCLUSIVE; the reason says why and ``cause`` says whether more
+   rounds can help.
 """
 
 from __future__ import annotations
@@ -23,11 +27,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_moeperf import stats
-from pytest_moeperf.stats import Summary
-from pytest_moeperf.thresholds import Reference, Threshold
+from pytest_moeperf.judging import stats
+from pytest_moeperf.judging.stats import Summary
+from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference, Threshold
 
 ALPHA = 0.05
+
+
+class Cause:
+    """Why a verdict is INCONCLUSIVE; the first four are helped by more rounds of the test."""
+
+    NOISE = "noise"  # the samples or the rank test cannot resolve the mde yet
+    DISAGREE = "disagree"  # some round medians are beyond the mde and some are not
+    FEW_ROUNDS = "few-rounds"  # every round is beyond, but too few rounds for the rank test
+    BUDGET = "budget"  # the confirmation budget ran out while the evidence was still coming
+    TOO_FEW_RUNS = "too-few-runs"  # fewer than 3 stored runs and no learned spread: re-record
+    OTHER_HOST = "other-host"  # the baseline is another host's and no spread between hosts is known
+    ZERO_BASELINE = "zero-baseline"
+    HEALTH = "health"  # the health gate tripped in every round
+    WINDOW = "window"  # the test declared its window degenerate in every round
+    STRICT = "strict"  # --moeperf-strict: a baseline recorded on a machine of another fingerprint hash
+    HELPED = frozenset({NOISE, DISAGREE, FEW_ROUNDS})
 
 
 class Status(enum.Enum):
@@ -51,13 +71,23 @@ class Verdict:
     reference: float | None = None  # median of the stored run medians
     runs: int = 0  # stored runs behind the reference
     change: float | None = None  # relative, signed: estimate vs reference
-    allowed: float | None = None  # the threshold used: the minimum detectable effect (relative)
+    mde: float | None = None  # the minimum detectable effect: the relative bound this verdict used
     spread: str = ""  # where the noise term of the threshold came from
     #: what set the spread: "baseline" (its stored runs), "history" (accepted sessions), "within-run" (fewer than
     #: 3 stored runs: their IQR), "" (no reference)
     noise_source: str = ""
     threshold: Threshold = Threshold()
     reason: str = ""
+    #: why an INCONCLUSIVE verdict is so, as a `Cause` value ("" otherwise): says whether more rounds can decide it
+    cause: str = ""
+
+    @property
+    def more_rounds_help(self) -> bool:
+        """Whether another round of the test can settle this verdict (confirmation re-runs it): an INCONCLUSIVE
+        whose evidence is still coming, or a regression seen in one round only."""
+        if self.status is Status.REGRESSED:
+            return len(self.round_medians) < 2
+        return self.status is Status.INCONCLUSIVE and self.change is not None and self.cause in Cause.HELPED
 
     @property
     def estimate(self) -> float | None:
@@ -85,14 +115,14 @@ class Verdict:
         cur = f"{self.estimate:.4g}{unit}" if self.estimate is not None else "-"
         rounds = f", {len(self.round_medians)} rounds" if len(self.round_medians) > 1 else ""
         n = self.current.n if self.current else 0
-        if self.reference is None or self.change is None or self.allowed is None:
+        if self.reference is None or self.change is None or self.mde is None:
             tail = f": {self.reason}" if self.reason else " (no baseline for this fingerprint)"
             return f"{self.name}: {cur} -> {self.status.value}{tail}"
         direction = "lower" if self.better == "lower" else "higher"
         abs_tol = f", abs {self.threshold.abs_tolerance:g}{unit}" if self.threshold.abs_tolerance else ""
         text = (f"{self.name}: baseline {self.reference:.4g}{unit} ({self.runs} run{'s' if self.runs != 1 else ''})"
                 f" -> current {cur} (n={n}{rounds}), change {self.change * 100:+.1f} % "
-                f"[{direction} is better; threshold {self.allowed * 100:.1f} %{abs_tol}; {self.spread}]"
+                f"[{direction} is better; mde {self.mde * 100:.1f} %{abs_tol}; {self.spread}]"
                 f" -> {self.status.value}")
         return text + (f": {self.reason}" if self.reason else "")
 
@@ -101,6 +131,17 @@ def _worse(better: str, reference: float, value: float) -> float:
     """Relative change of ``value`` against ``reference``, positive when it is worse."""
     change = stats.relative_change(reference, value)
     return change if better == "lower" else -change
+
+
+def rounds_needed(stored_runs: int, alpha: float = ALPHA) -> int | None:
+    """How many rounds a rank test against ``stored_runs`` run medians needs before it can give p below
+    ``alpha`` (None: it never can, below 3 stored runs a verdict is not decided on ranks anyway)."""
+    if stored_runs < 1:
+        return None
+    for n in range(1, 64):
+        if stats.min_p(n, stored_runs) < alpha:
+            return n
+    return None
 
 
 def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence[float]],
@@ -114,57 +155,69 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
     if reference is None:
         return base
     ref = reference.value
-    allowed, spread = threshold.allowed(reference)
+    bound = threshold.bound(reference)
+    allowed = bound.mde
     estimate = stats.median(medians)
-    source = reference.noise_source if reference.between_run_spread is not None else "within-run"
-    known = dataclasses.replace(base, reference=ref, runs=reference.runs, allowed=allowed, spread=spread,
-                                noise_source=source)
+    known = dataclasses.replace(base, reference=ref, runs=reference.runs, mde=allowed, spread=bound.spread,
+                                noise_source=bound.source)
 
-    def verdict(status: Status, change: float | None, reason: str = "") -> Verdict:
-        return dataclasses.replace(known, status=status, change=change, reason=reason)
+    def verdict(status: Status, change: float | None, reason: str = "", cause: str = "") -> Verdict:
+        return dataclasses.replace(known, status=status, change=change, reason=reason, cause=cause)
 
     if ref == 0:
         if estimate == 0:
             return verdict(Status.PASS, 0.0)
         return verdict(Status.INCONCLUSIVE, None, "baseline median is 0: unusable, a relative change from 0 is "
-                       "undefined (re-record it, or judge this metric with abs_tolerance on a non-zero unit)")
+                       "undefined (re-record it, or judge this metric with abs_tolerance on a non-zero unit)",
+                       Cause.ZERO_BASELINE)
     change = stats.relative_change(ref, estimate)
     worse = _worse(better, ref, estimate)
     if abs(worse) <= allowed or abs(estimate - ref) <= threshold.abs_tolerance:
         return verdict(Status.PASS, change)
+    if not bound.decisive:
+        cause = Cause.OTHER_HOST if reference.other_hosts is not None else Cause.TOO_FEW_RUNS
+        return verdict(Status.INCONCLUSIVE, change, bound.why_not, cause)
     sign = 1.0 if worse > 0 else -1.0
     status = Status.REGRESSED if sign > 0 else Status.IMPROVED
     word = "worse" if sign > 0 else "better"
     beyond = sum(1 for m in medians if sign * _worse(better, ref, m) > allowed)
     if beyond < len(medians):
         return verdict(Status.INCONCLUSIVE, change, f"rounds disagree: {beyond} of {len(medians)} round medians "
-                       f"are {word} than the threshold")
-    if stats.min_p(len(medians), reference.runs) <= ALPHA:
-        # orient both sides so that "greater" means the direction of the change
-        def oriented(v: float) -> float:
+                       f"are {word} than the threshold", Cause.DISAGREE)
+    runs = reference.noise_runs if bound.source == "history" else reference.runs
+    if runs >= MIN_RUNS_FOR_SPREAD:
+        # the rank test is the evidence; it decides once there are enough rounds for it (3 rounds against 3
+        # stored runs cannot reach p < 0.05; 4 can), and confirmation adds rounds until then
+        needed = rounds_needed(runs) or len(medians) + 1
+        if len(medians) < needed:
+            return verdict(Status.INCONCLUSIVE, change, f"every round is {word} than the threshold, but "
+                           f"{len(medians)} round(s) against {runs} stored runs cannot reach p < {ALPHA}: "
+                           f"{needed} rounds can", Cause.FEW_ROUNDS)
+
+        def oriented(v: float) -> float:  # "greater" means the direction of the change
             return sign * (v if better == "lower" else -v)
 
-        p = stats.mann_whitney_greater([oriented(m) for m in medians], [oriented(m) for m in reference.run_medians])
-        # p must be *below* alpha: at 3 rounds against 3 stored runs the smallest p the test can give is exactly
-        # 1/C(6,3) = 0.05, and two clean-clone CI runs on the 2-core box gave 14 false REGRESSED verdicts at that p
-        # (CPU GEMM +10-21 %, open-loop latencies, against a 3-run spread of 0.4-5 %): that is no evidence
+        against = reference.history_medians if bound.source == "history" else reference.run_medians
+        p = stats.mann_whitney_greater([oriented(m) for m in medians], [oriented(m) for m in against])
         if p >= ALPHA:
             return verdict(Status.INCONCLUSIVE, change, f"not significant: rank test of {len(medians)} round "
-                           f"medians against {reference.runs} stored runs gives p = {p:.3f}, not below {ALPHA} "
-                           "(more rounds or stored runs resolve it)")
+                           f"medians against {len(against)} stored runs gives p = {p:.3f}, not below {ALPHA}",
+                           Cause.NOISE)
         return verdict(status, change, f"rank test p = {p:.3f}")
-    # lower is better and worse, or higher is better and better: the low quartile is the one nearest the reference
+    # fewer stored runs, with a spread learned from the family: the samples themselves must agree — the quartile
+    # nearest the reference is beyond the threshold too, so a lucky quarter of them cannot hide a change
     near = stats.quantile(pooled, 0.25 if (better == "lower") == (sign > 0) else 0.75)
     if sign * _worse(better, ref, near) <= allowed:
         return verdict(Status.INCONCLUSIVE, change, f"too noisy to resolve {allowed * 100:.1f} %: a quarter of the "
-                       f"samples are within the threshold (quartile {near:.4g}{' ' + unit if unit else ''})")
-    return verdict(status, change)
+                       f"samples are within the threshold (quartile {near:.4g}{' ' + unit if unit else ''})",
+                       Cause.NOISE)
+    return verdict(status, change, f"{bound.spread}; quartile rule")
 
 
 def missing(key: str, name: str, unit: str, better: str, reference: float | None, reason: str) -> Verdict:
     return Verdict(key, name, unit, better, Status.MISSING, None, reference=reference, reason=reason)
 
 
-def inconclusive(verdict: Verdict, reason: str) -> Verdict:
+def inconclusive(verdict: Verdict, reason: str, cause: str = "") -> Verdict:
     """``verdict`` made INCONCLUSIVE (e.g. the health gate tripped): it can then neither pass nor fail."""
-    return dataclasses.replace(verdict, status=Status.INCONCLUSIVE, reason=reason)
+    return dataclasses.replace(verdict, status=Status.INCONCLUSIVE, reason=reason, cause=cause)

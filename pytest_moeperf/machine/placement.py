@@ -154,7 +154,7 @@ class PlacementPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        from pytest_moeperf.session import perf_key
+        from pytest_moeperf.runtime import perf_key
 
         perf = item.stash.get(perf_key, None)
         slots = self.placement.item_slots(item)
@@ -205,9 +205,9 @@ def install(config: pytest.Config, gpu_count: int, share: bool) -> Placement:
 
 def auto_workers(config: pytest.Config) -> int | None:
     """``-n auto`` on a GPU box: one worker per GPU (None on a CPU-only box: xdist counts CPUs)."""
-    from pytest_moeperf import probe as probe_mod
     from pytest_moeperf import settings as settings_mod
-    from pytest_moeperf import topology as topology_mod
+    from pytest_moeperf.machine import probe as probe_mod
+    from pytest_moeperf.machine import topology as topology_mod
 
     topology_file = settings_mod.resolve(config).topology_file
     try:
@@ -223,8 +223,17 @@ def auto_workers(config: pytest.Config) -> int | None:
 
 
 def session_roots(placement: Placement) -> tuple[int, ...]:
-    """The processes whose trees count as ours for the health gate: this process, and the whole xdist session
-    when every worker has a GPU of its own (the other workers then measure elsewhere)."""
-    if placement.dedicated and placement.controller_pid is not None:
+    """The processes whose trees count as ours for the health gate: this process, and under xdist the whole
+    session (controller and workers): workers are never each other's foreign load. With a GPU each, they measure
+    apart; on a CPU box they share the cores, which the report header says (`shared_cores_note`)."""
+    if placement.controller_pid is not None:
         return (os.getpid(), placement.controller_pid)
     return (os.getpid(),)
+
+
+def shared_cores_note(config: pytest.Config, placement: Placement) -> str | None:
+    """What the header says when xdist workers measure on shared CPU cores (no GPU each)."""
+    if placement.devices or not (_xdist_workers(config) or getattr(config, "workerinput", None)):
+        return None
+    return ("moeperf: xdist workers share this machine's CPU cores and disturb each other's timings; the health "
+            "gate counts them as ours (use -n 0 for CPU baselines)")

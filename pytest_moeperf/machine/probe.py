@@ -6,16 +6,39 @@ imported where used; without it, or without a GPU, the topology is the host alon
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.topology import Gpu, Host, Link, Topology
+from pytest_moeperf.machine.topology import Gpu, Host, Link, Topology
 
 
-def probe_host() -> Host:
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def host_id(gpu_uuids: tuple[str, ...] = ()) -> str:
+    """This machine's id: a hash of the machine id (systemd/D-Bus; the node name when neither exists) and the
+    GPUs' UUIDs, so a GPU box keeps its id across reboots and two cloud machines from one image differ by their
+    GPUs. Containers and runner pools whose machine id is not stable name themselves (``--moeperf-host-id``)."""
+    machine = _read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or platform.node()
+    digest = hashlib.sha256("\n".join((machine, *sorted(gpu_uuids))).encode()).hexdigest()[:10]
+    return f"h-{digest}"
+
+
+def clocks_policy(gpu_count: int) -> str:
+    """How the clocks are run: the CPU frequency governor (and, with GPUs, whether NVML reports persistence)."""
+    governor = _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") or "unknown"
+    return f"cpu governor {governor}" + (f"; {gpu_count} GPU(s)" if gpu_count else "")
+
+
+def probe_host(gpu_uuids: tuple[str, ...] = ()) -> Host:
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -30,7 +53,8 @@ def probe_host() -> Host:
     except (ValueError, OSError, AttributeError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return Host(cpu_model=model, arch=platform.machine(), cores=cores, memory_bytes=memory)
+    return Host(cpu_model=model, arch=platform.machine(), cores=cores, memory_bytes=memory,
+                id=host_id(gpu_uuids), clocks=clocks_policy(len(gpu_uuids)))
 
 
 def _dist_version(*names: str) -> str | None:
@@ -145,11 +169,11 @@ def _nvml_link(nvml: Any, handles: list[Any], a: int, b: int) -> Link:
 
 
 def probe() -> Topology:
-    host = probe_host()
     found = probe_nvml()
     if found is None:
-        return Topology(gpus=(), links=(), host=host, software=probe_software(with_nccl=False))
+        return Topology(gpus=(), links=(), host=probe_host(), software=probe_software(with_nccl=False))
     gpus, links, driver, cuda = found
+    host = probe_host(tuple(g.uuid for g in gpus if g.uuid))
     return Topology(gpus=gpus, links=links, host=host, driver_version=driver, cuda_version=cuda,
                     software=probe_software(with_nccl=True))
 

@@ -67,15 +67,23 @@ class Host:
     arch: str
     cores: int
     memory_bytes: int
+    #: which machine this is (`probe.host_id`: a hash of the machine id and the GPUs' UUIDs); "" when unknown
+    id: str = ""
+    #: how its clocks are run (CPU frequency governor, GPU persistence mode); provenance, not key
+    clocks: str = ""
 
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """``slug`` keys the baselines directory (hardware class); ``hash`` covers the finer hardware facts."""
+    """``slug`` keys the baselines directory (hardware class); ``hash`` covers the finer hardware facts; ``host``
+    names the machine (runs of several hosts of one fingerprint live side by side in one baseline file), and
+    ``host_facts`` say what moves performance beyond the GPU model (CPU, cores, memory, driver, clocks)."""
 
     slug: str
     hash: str
     facts: dict[str, Any] = field(default_factory=dict, compare=False)
+    host: str = field(default="", compare=False)
+    host_facts: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -171,7 +179,11 @@ def fingerprint(topo: Topology) -> Fingerprint:
         slug += f"+{topo.emulation}"
         facts["emulation"] = topo.emulation
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:10]
-    return Fingerprint(slug=re.sub(r"[^a-z0-9+.-]+", "-", slug.lower()), hash=digest, facts=facts)
+    host_facts = {"cpu": topo.host.cpu_model, "cores": topo.host.cores,
+                  "memory_gib": round(topo.host.memory_bytes / 2**30), "driver": topo.driver_version,
+                  "clocks": topo.host.clocks}
+    return Fingerprint(slug=re.sub(r"[^a-z0-9+.-]+", "-", slug.lower()), hash=digest, facts=facts,
+                       host=topo.host.id, host_facts=host_facts)
 
 
 # --------------------------------------------------------------------------------------------- topology file
@@ -266,7 +278,8 @@ def load_topology(name_or_path: Path | str) -> Topology:
     where = f"{path}: host"
     host = Host(cpu_model=str(host_raw.get("cpu_model", "unknown")), arch=str(host_raw.get("arch", "x86_64")),
                 cores=_optional(host_raw, "cores", int, 1, where),
-                memory_bytes=_optional(host_raw, "memory_bytes", int, 0, where))
+                memory_bytes=_optional(host_raw, "memory_bytes", int, 0, where),
+                id=str(host_raw.get("id", "")), clocks=str(host_raw.get("clocks", "")))
     software_raw = _optional(data, "software", (dict, type(None)), None, str(path)) or {}
     software = {str(k): str(v) for k, v in software_raw.items()}
     return Topology(gpus=tuple(gpus), links=tuple(links), host=host, driver_version=data.get("driver_version"),

@@ -25,9 +25,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_moeperf import stats
-from pytest_moeperf.records import Section
-from pytest_moeperf.verdict import Status, Verdict
+from pytest_moeperf.judging import stats
+from pytest_moeperf.judging.verdict import Status, Verdict
+from pytest_moeperf.ledger import Section
 
 __all__ = ["ALPHA", "MIN_CASES", "MIN_SHIFT", "Family", "Outlier", "StoredRuns", "family_views", "shift_notes",
            "shift_sections", "sign_test_p"]
@@ -117,7 +117,7 @@ def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) 
     """Every family of at least ``MIN_CASES`` judged cases: its common move and its relative outliers."""
     families: dict[tuple[str, str], list[Verdict]] = {}
     for v in verdicts:
-        if v.change is not None and v.allowed is not None and math.isfinite(v.change):
+        if v.change is not None and v.mde is not None and math.isfinite(v.change):
             families.setdefault((v.key.split("::")[0], v.name), []).append(v)
     views = []
     for (family, name), members in sorted(families.items()):
@@ -128,9 +128,9 @@ def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) 
         relative_runs = _relative_runs([v.key for v in members], stored or {})
         first, outliers, thresholds = members[0], [], []
         for v in members:
-            assert v.change is not None and v.allowed is not None
+            assert v.change is not None and v.mde is not None
             runs = relative_runs.get(v.key, [])
-            allowed, center = v.allowed, 1.0  # without stored runs to learn from: the absolute threshold
+            allowed, center = v.mde, 1.0  # without stored runs to learn from: the absolute threshold
             if len(runs) >= MIN_RELATIVE_RUNS:
                 spread = stats.relative_spread(runs)
                 allowed = max(v.threshold.tolerance, v.threshold.noise_k * (math.inf if spread is None else spread))
@@ -143,7 +143,7 @@ def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) 
         plus, minus = sum(1 for c in changes if c > TIE), sum(1 for c in changes if c < -TIE)
         views.append(Family(family, name, first.unit, first.better, len(members), plus if median > 0 else minus,
                             median, min(changes), max(changes), sign_test_p(plus, minus),
-                            stats.median([v.allowed for v in members if v.allowed is not None]),
+                            stats.median([v.mde for v in members if v.mde is not None]),
                             stats.median(thresholds) if thresholds else None, tuple(outliers),
                             sum(1 for v in members if v.status is Status.IMPROVED),
                             sum(1 for v in members if v.status is Status.REGRESSED)))

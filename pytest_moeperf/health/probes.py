@@ -4,7 +4,7 @@ The host sample (psutil) records every visible process's CPU time, whose process
 host's steal and busy time on the CPUs this process may run on, and the load average. The GPU sample (NVML,
 ``nvidia-ml-py``) records clock-event reasons, cumulative throttle (violation) counters, clocks, temperature,
 the processes holding a compute context, uncorrected ECC errors and XID events. Both modules are imported
-where they are used, so a base install never needs them. Judging the samples is `pytest_moeperf.health`'s job.
+where they are used, so a base install never needs them. Judging the samples is `pytest_moeperf.health.gate`'s job.
 """
 
 from __future__ import annotations

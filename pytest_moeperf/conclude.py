@@ -1,0 +1,256 @@
+"""A session's state and its end: the ledger, the judge, the store; and the consumers that read the ledger once
+every producer is done (MISSING metrics, fingerprint warnings, extra tables, the machine-shift view, the baseline
+update, the reports and the history).
+
+The session adapters (`session`) and the ``--moeperf-rounds`` parent (`processes.rounds`) both end here, so a
+one-round session and a rounds session write the same reports from the same ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from pytest_moeperf.history.noise import HistoryNoise
+from pytest_moeperf.judging.judge import Judge
+from pytest_moeperf.judging.shift import Family, family_views, shift_notes, shift_sections
+from pytest_moeperf.judging.thresholds import Reference, Threshold
+from pytest_moeperf.judging.verdict import Status, Verdict, missing
+from pytest_moeperf.ledger import Ledger, Measurement, suite_of
+from pytest_moeperf.machine.provenance import git_commit_info
+from pytest_moeperf.machine.topology import Topology
+from pytest_moeperf.reports import document, render
+from pytest_moeperf.settings import Settings
+from pytest_moeperf.store import files
+from pytest_moeperf.store.baselines import BaselineStore
+from pytest_moeperf.store.entries import BaselineError
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+
+
+class Conclusion:
+    def __init__(self, config: Any, settings: Settings, topology: Topology) -> None:
+        self.config = config  # for the plugin's hooks (verdict, report sections, machine info)
+        self.settings = settings
+        self.topology = topology
+        self.fingerprint = topology.fingerprint
+        self.host = settings.host_id or self.fingerprint.host or None
+        self.commit = git_commit_info(Path(config.rootpath))
+        self.store = BaselineStore(settings.baselines_dir, self.fingerprint.slug, self.host)
+        self.noise = HistoryNoise(settings.history, settings.baselines_dir, self.fingerprint.hash,
+                                  settings.noise_runs, self.host, self.commit.get("branch"))
+        self.judge = Judge(self.store, self._decide, self.fingerprint.hash, settings.update, settings.strict,
+                           self.noise)
+        self.ledger = Ledger()
+        self.written: list[Path] = []
+        self.errors: list[str] = []
+        self.update_failed = False
+        self.updated = 0  # metrics written to the baselines
+        self.started = _now()
+        self.placement_note: str | None = None  # what the header says about xdist workers on shared cores
+
+    def _decide(self, measurement: Measurement, rounds: tuple[tuple[float, ...], ...], reference: Reference | None,
+                threshold: Threshold) -> Verdict:
+        verdict: Verdict = self.config.hook.pytest_moeperf_verdict(
+            config=self.config, measurement=measurement, rounds=rounds, reference=reference, threshold=threshold)
+        return verdict
+
+    # ------------------------------------------------------------------------------------------ the end
+    def find_missing(self) -> None:
+        """Baselined metrics of the tests that ran (or skipped, or failed) this session but were not measured."""
+        measured = set(self.ledger.records)
+        # a degenerate window records what it can: its test's other metrics say why the rest is not there
+        windows = {r.metric.test_id: r.verdict.reason for r in self.ledger.records.values()
+                   if r.verdict is not None and "window: " in r.verdict.reason}
+        for nodeid, why in sorted(self.ledger.tests.items()):
+            try:
+                entries = self.store.entries_of(nodeid)
+            except BaselineError:
+                continue  # the tests that need it failed, naming the file
+            for e in entries:
+                if e.key not in measured and e.key not in self.ledger.missing:
+                    self.ledger.missing[e.key] = missing(e.key, e.name, e.unit, e.better, e.reference().value,
+                                                         why or windows.get(nodeid, "not recorded this run"))
+
+    def check_fingerprints(self) -> None:
+        """Warn (strict: fail) when the baselines cannot be this machine's: another fingerprint hash in a suite's
+        file, or no baselines for this fingerprint while the directory holds others (a changed slug: fewer CPUs
+        through taskset, a GPU missing, a mistyped --moeperf-baselines)."""
+        root = self.settings.baselines_dir
+        suites = sorted({suite_of(nodeid) for nodeid in self.ledger.tests})
+        for suite in suites:
+            try:
+                other = self.store.foreign_hash(suite, self.fingerprint.hash)
+            except BaselineError:
+                continue
+            if other is not None:
+                self.ledger.warn(f"fingerprint hash differs: {self.store.path(suite)} was recorded on a machine with "
+                                 f"fingerprint hash {other}; this one ({self.fingerprint.slug}) is "
+                                 f"{self.fingerprint.hash}")
+        if not self.ledger.records or self.settings.update:
+            return
+        if not root.is_dir():
+            self.ledger.warn(f"baselines directory {root} does not exist: every metric is NEW "
+                             "(--moeperf-baselines names it; --moeperf-update records one)")
+        elif not any(self.store.directory.glob("*.json")) and self.store.other_slugs():
+            self.ledger.warn(f"no baselines for this machine's fingerprint {self.fingerprint.slug} in {root}, which "
+                             f"holds {', '.join(self.store.other_slugs())}: every metric is NEW. A changed fingerprint "
+                             "(fewer CPUs through taskset or affinity, a GPU missing or added, another GPU model) "
+                             "or the wrong --moeperf-baselines hides the baselines")
+
+    def _sections(self) -> None:
+        measurements = [r.metric for r in self.ledger.records.values()]
+        try:
+            results = self.config.hook.pytest_moeperf_report_sections(config=self.config, measurements=measurements)
+            self.ledger.sections += [section for result in results for section in result]
+        except Exception as exc:  # noqa: BLE001 - a broken extra table must not lose the run's results
+            self.errors.append(f"report sections failed: {type(exc).__name__}: {exc}")
+
+    def _shift(self) -> list[Family]:
+        """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
+        verdicts = self.ledger.verdicts
+        shifts = family_views(verdicts, self.store.run_medians(v.key for v in verdicts))
+        self.ledger.sections += shift_sections(shifts)
+        self.ledger.notes += shift_notes(shifts)
+        for family in (f for f in shifts if f.moved):
+            note = (f"family {family.name} moved {family.median_change * 100:+.1f} % ({family.same_direction} of "
+                    f"{family.cases} cases): likely the machine")
+            for key, record in self.ledger.records.items():
+                v = record.verdict
+                if (v is not None and v.status in (Status.IMPROVED, Status.REGRESSED) and v.name == family.name
+                        and key.split("::")[0] == family.family):
+                    self.ledger.decide(key, dataclasses.replace(v, reason="; ".join([v.reason, note] if v.reason
+                                                                                    else [note])))
+        return [f for f in shifts if f.moved]
+
+    def finish(self, stopped: bool) -> bool:
+        """Run the consumers; True when the session must fail for them (an update that failed or wrote nothing
+        it measured; under --moeperf-strict, anything undecided or warned about)."""
+        self.noise.close()
+        if self.noise.problem:
+            self.ledger.notes.append(self.noise.problem)
+        self.find_missing()
+        self.check_fingerprints()
+        self._sections()
+        moved = self._shift()
+        if self.settings.update:
+            if stopped:
+                self.errors.append("baselines not updated: the session was interrupted or stopped early "
+                                   "(an update is one transaction of a whole session)")
+                self.update_failed = bool(self.ledger.records)
+            else:
+                self._update(moved)
+        self._write_reports()
+        strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings)
+        return self.update_failed or strict
+
+    def _update(self, moved: list[Family]) -> None:
+        from pytest_moeperf.store.update import plan_update
+
+        plan = plan_update(self.ledger, moved, accept_shift=self.settings.accept_shift,
+                           simulated=self.topology.simulated)
+        self.errors += plan.problems
+        if plan.measurements:
+            try:
+                self.written += self.store.update(plan.measurements, self.fingerprint_record(), self.provenance(),
+                                                  self.settings.noise_runs, self.fingerprint.host_facts)
+                self.updated = len({m.key for m in plan.measurements})
+            except (BaselineError, OSError) as exc:
+                self.errors.append(f"baselines not updated: {exc}")
+        self.update_failed = self.updated == 0 and bool(self.ledger.records)
+
+    def fingerprint_record(self) -> dict[str, Any]:
+        return {"slug": self.fingerprint.slug, "hash": self.fingerprint.hash, "facts": self.fingerprint.facts}
+
+    def provenance(self) -> dict[str, Any]:
+        return {"date": _now(), "git_commit": self.commit["id"], "git_dirty": self.commit["dirty"],
+                "software": dict(self.topology.software), "driver": self.topology.driver_version,
+                "cuda": self.topology.cuda_version, "fingerprint_hash": self.fingerprint.hash, "host_id": self.host}
+
+    def machine_info(self) -> dict[str, Any]:
+        info = document.base_machine_info()
+        info["moeperf"] = {"fingerprint": self.fingerprint.slug, "hash": self.fingerprint.hash, "host": self.host,
+                           "host_facts": self.fingerprint.host_facts, "topology": self.topology.to_json()}
+        info["cpu"] = {"brand_raw": self.topology.host.cpu_model, "count": self.topology.host.cores,
+                       "arch": self.topology.host.arch}
+        info["gpus"] = [g.name for g in self.topology.gpus]
+        self.config.hook.pytest_moeperf_update_machine_info(config=self.config, machine_info=info)
+        return info
+
+    def report_document(self) -> dict[str, Any]:
+        """This session's report (the one document the JSON report, the history and the HTML report are made of)."""
+        return document.document(self.ledger, self.machine_info(), self.commit, {
+            "fingerprint": self.fingerprint.slug, "hash": self.fingerprint.hash, "host": self.host,
+            "started": self.started, "round_of": self.settings.round_of})
+
+    def _write_reports(self) -> None:
+        from pytest_moeperf.history import plugin as history
+        from pytest_moeperf.history.store import redact
+
+        settings = self.settings
+        target = history.resolve_target(settings.history, settings.baselines_dir)
+        if settings.report is not None or target is not None or settings.html is not None:
+            doc = self.report_document()
+            if settings.report is not None:
+                self._write(settings.report, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+            if (target is not None and self.ledger.records and not self.topology.simulated
+                    and settings.round_of is None):  # a rounds child: the parent records the merged run
+                if history.record_report(doc, target, started=self.started) is not None:
+                    self.ledger.notes.append(f"history: this run appended to {redact(target)}")
+            if settings.html is not None and history.write_html(settings.html, doc, target):
+                self.written.append(settings.html)
+        if settings.markdown is not None:
+            lines = render.markdown_lines(self.ledger.verdicts, self.ledger.sections, self.header(),
+                                          self.ledger.warnings)
+            self._write(settings.markdown, "\n".join(lines) + "\n", append=True)
+
+    def _write(self, path: Path, text: str, append: bool = False) -> None:
+        try:
+            if append and path.exists():
+                with path.open("a") as handle:
+                    handle.write(text)
+            else:
+                files.atomic_write(path, text)
+            self.written.append(path)
+        except OSError as exc:
+            self.errors.append(f"could not write {path}: {exc}")
+
+    # ------------------------------------------------------------------------------------------ the summary
+    def header(self) -> str:
+        src = f" [simulated from {self.topology.source}]" if self.topology.simulated else ""
+        return (f"{self.fingerprint.slug} (hash {self.fingerprint.hash}, host {self.host or 'unknown'}){src}; "
+                f"baselines: {self.store.directory}")
+
+    def summary_lines(self) -> list[tuple[str, bool]]:
+        """The terminal summary as (line, red); empty when the session measured and said nothing."""
+        ledger = self.ledger
+        if not ledger.verdicts and not self.errors and not ledger.sections and not ledger.warnings:
+            return []
+        verdicts = ledger.verdicts
+        out = [(line, False) for line in render.terminal_lines(verdicts, ledger.sections, self.header())]
+        out += [(f"moeperf: {line}", True) for line in ledger.warnings]
+        if self.settings.update:
+            out.append((f"baselines updated: {self.updated} metric(s)", False) if self.updated
+                       else ("baselines not updated", True))
+        out += [(f"wrote {path}", False) for path in self.written]
+        out += [(note, False) for note in ledger.notes]
+        out += [(f"moeperf: {error}", True) for error in self.errors]
+        undecided_beyond = [v for v in verdicts if v.status is Status.INCONCLUSIVE and v.change is not None
+                            and v.mde is not None and abs(v.change) > v.mde]
+        if undecided_beyond:
+            out.append((f"moeperf: {len(undecided_beyond)} metric(s) moved beyond their threshold but are not "
+                        "decided (INCONCLUSIVE: see the reasons above; --moeperf-strict fails them)", True))
+        improved = sum(1 for v in verdicts if v.status is Status.IMPROVED)
+        if improved and not self.settings.update:
+            out.append((f"{improved} metric(s) improved: refresh with --moeperf-update", False))
+        undecided = ledger.undecided()
+        if self.settings.strict and (undecided or ledger.warnings):
+            out.append((f"moeperf: --moeperf-strict: {len(undecided)} metric(s) INCONCLUSIVE or MISSING and "
+                        f"{len(ledger.warnings)} warning(s): the session fails", True))
+        return out
+

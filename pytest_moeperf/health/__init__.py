@@ -1,0 +1,1 @@
+"""The health gate: was the host (and the GPU) quiet while a test measured?"""

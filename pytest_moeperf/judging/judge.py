@@ -1,0 +1,110 @@
+"""The judge: a ledger record, its baseline on this host and the named noise sources decide its verdict.
+
+The judge reads; it never writes. Its inputs are explicit: the baseline store (the runs of this host, or of other
+hosts of the same fingerprint), the family spread the store learns for metrics with fewer than 3 runs here, and an
+optional history noise source (`NoiseSource`: medians of this metric's accepted sessions on this host, filtered by
+unit, direction and the re-record that reset its runs). The verdict rule itself is the ``pytest_moeperf_verdict``
+hook (default `verdict.judge`), handed in as ``decide``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference, Threshold
+from pytest_moeperf.judging.verdict import Cause, Status, Verdict, inconclusive
+from pytest_moeperf.ledger import Measurement, Record
+from pytest_moeperf.store.baselines import BaselineStore
+from pytest_moeperf.store.entries import BaselineEntry
+
+Decide = Callable[[Measurement, tuple[tuple[float, ...], ...], Reference | None, Threshold], Verdict]
+
+
+class MetricChanged(Exception):
+    """A metric's unit or direction differs from its stored entry: the numbers cannot be compared."""
+
+
+class NoiseSource(Protocol):
+    """Medians of a metric's earlier accepted sessions on this host (newest first), beside the baseline's runs."""
+
+    name: str
+
+    def medians(self, key: str, unit: str, better: str, since: str | None) -> tuple[float, ...]: ...
+
+
+@dataclass
+class Judge:
+    store: BaselineStore
+    decide: Decide
+    fingerprint_hash: str
+    update: bool = False  # a changed unit starts the metric afresh instead of failing its test
+    strict: bool = False
+    noise: NoiseSource | None = None
+
+    def baseline(self, metric: Measurement) -> BaselineEntry | None:
+        """The stored entry of ``metric`` (None: none, or an update re-records a changed one).
+        Raises `BaselineError` for an unusable file, `MetricChanged` for a changed unit or direction."""
+        entry = self.store.entry(metric.key)
+        if entry is not None and (entry.unit, entry.better) != (metric.unit, metric.better):
+            change = (f"{metric.name}: unit or direction changed: baseline {entry.unit!r} ({entry.better} is "
+                      f"better), now {metric.unit!r} ({metric.better} is better)")
+            if not self.update:
+                raise MetricChanged(change + "; the numbers cannot be compared: re-record with --moeperf-update")
+            return None
+        return entry
+
+    def reference(self, metric: Measurement, entry: BaselineEntry) -> Reference:
+        """The entry's reference on this host, with the family spread and the history's medians where they
+        apply."""
+        ref = entry.reference(self.store.host)
+        if ref.other_hosts is None and ref.runs < MIN_RUNS_FOR_SPREAD:
+            family = self.store.family_spread(metric.key)
+            if family is not None:
+                ref = dataclasses.replace(ref, family_spread=family[0], family_source=family[1])
+        if ref.other_hosts is None and self.noise is not None:
+            medians = self.noise.medians(metric.key, metric.unit, metric.better, entry.since)
+            if medians:
+                ref = dataclasses.replace(ref, history_medians=medians)
+        return ref
+
+    def values(self, metric: Measurement, rounds: Sequence[Measurement], threshold: Threshold) -> Verdict:
+        """Judge on values alone: ``rounds`` (oldest first) against the baseline."""
+        entry = self.baseline(metric)
+        reference = self.reference(metric, entry) if entry is not None else None
+        return self.decide(metric, tuple(m.samples for m in rounds), reference, threshold)
+
+    def judge(self, record: Record) -> Verdict:
+        """The verdict of ``record``: on its usable rounds; INCONCLUSIVE with the reasons when none is usable."""
+        usable = record.measurements(usable_only=True)
+        verdict = self.values(record.metric, usable or record.measurements(), record.threshold)
+        if not usable:
+            problems = record.problems
+            cause = Cause.HEALTH if all(p.startswith("health: ") for p in problems) else Cause.WINDOW
+            verdict = inconclusive(verdict, "; ".join(problems), cause)
+        elif len(usable) < len(record.rounds):
+            dropped = [f"{r.origin}: {'; '.join(r.problems)}" for r in record.rounds if not r.usable]
+            verdict = dataclasses.replace(verdict, reason="; ".join(
+                [verdict.reason] * bool(verdict.reason) + [f"rounds not judged: {' | '.join(dropped)}"]))
+        if self.strict and verdict.reference is not None:
+            other = self.store.foreign_hash(record.metric.suite, self.fingerprint_hash)
+            if other is not None:
+                verdict = inconclusive(verdict, f"--moeperf-strict: baseline recorded on a machine with fingerprint "
+                                                f"hash {other}, this one is {self.fingerprint_hash}", Cause.STRICT)
+        return verdict
+
+
+def settled(verdict: Verdict) -> bool:
+    """Whether another round cannot change ``verdict`` (PASS, NEW, IMPROVED, a confirmed regression, or an
+    INCONCLUSIVE that more rounds cannot decide)."""
+    return not verdict.more_rounds_help
+
+
+def budget_ended(verdict: Verdict, budget: int, how: str) -> Verdict:
+    """``verdict`` after its confirmation budget ran out while more rounds could still have decided it."""
+    if verdict.status is not Status.INCONCLUSIVE or not verdict.more_rounds_help:
+        return verdict
+    return dataclasses.replace(verdict, cause=Cause.BUDGET, reason=f"{verdict.reason} — the confirmation budget "
+                               f"({budget} more round(s)) ended it, not the evidence: raise {how}")

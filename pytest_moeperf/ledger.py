@@ -1,0 +1,291 @@
+"""The result ledger: what a session measured and decided, one typed record per metric, in one shape.
+
+Producers append to it: the test calls of this process (through the session's hook adapters), pytest-xdist
+workers (their records travel in the call report), ``--moeperf-rounds`` children and ``moeperf ab`` sides (their
+ledger files). Consumers read it at the end: the judge, the baseline update, every report and the history. A
+record holds a metric's *rounds* — each the samples of one window with the health of that window, why the window
+cannot decide (if it cannot) and the test's own outcome — and, once judged, its verdict. Nothing here imports
+pytest or touches a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pytest_moeperf.judging.thresholds import Threshold
+from pytest_moeperf.judging.verdict import Status, Verdict
+
+Better = Literal["lower", "higher"]
+JSONScalar = str | int | float | bool | None
+LEDGER_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One metric of one test in one round: its samples and how to judge them.
+
+    ``key`` (``<nodeid>::<name>``) identifies the metric in a baseline file.
+    """
+
+    test_id: str
+    name: str
+    samples: tuple[float, ...]
+    unit: str
+    better: Better
+    tolerance: float | None = None
+    abs_tolerance: float | None = None
+    context: Mapping[str, JSONScalar] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or "::" in self.name:
+            raise ValueError(f"metric name must be non-empty and contain no '::', got {self.name!r}")
+        if not self.samples:
+            raise ValueError(f"metric {self.name!r}: no samples")
+        if self.better not in ("lower", "higher"):
+            raise ValueError(f"metric {self.name!r}: better must be 'lower' or 'higher', got {self.better!r}")
+        for sample in self.samples:
+            if sample != sample or sample in (float("inf"), float("-inf")):
+                raise ValueError(f"metric {self.name!r}: sample {sample} is not a finite number")
+        for name, tol in (("tolerance", self.tolerance), ("abs_tolerance", self.abs_tolerance)):
+            if tol is not None and tol < 0:
+                raise ValueError(f"metric {self.name!r}: {name} must be >= 0, got {tol}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.test_id}::{self.name}"
+
+    @property
+    def suite(self) -> str:
+        return suite_of(self.test_id)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"test_id": self.test_id, "name": self.name, "samples": list(self.samples), "unit": self.unit,
+                "better": self.better, "tolerance": self.tolerance, "abs_tolerance": self.abs_tolerance,
+                "context": dict(self.context)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
+        return cls(test_id=data["test_id"], name=data["name"], samples=tuple(data["samples"]), unit=data["unit"],
+                   better=data["better"], tolerance=data.get("tolerance"), abs_tolerance=data.get("abs_tolerance"),
+                   context=dict(data.get("context", {})))
+
+
+def suite_of(test_id: str) -> str:
+    """The test file's stem (``suites/gemm/test_gemm.py::…`` → ``test_gemm``): the baseline file name."""
+    path = test_id.split("::", 1)[0]
+    stem = path.rsplit("/", 1)[-1]
+    return stem[:-3] if stem.endswith(".py") else stem
+
+
+def as_samples(samples: float | int | Sequence[float | int]) -> tuple[float, ...]:
+    if isinstance(samples, (int, float)):
+        return (float(samples),)
+    return tuple(float(s) for s in samples)
+
+
+@dataclass(frozen=True)
+class Section:
+    """An extra table in the reports (e.g. the decode-step budget, the draft-model comparison)."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": list(self.columns), "rows": [list(r) for r in self.rows],
+                "note": self.note}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Section:
+        return cls(str(data["title"]), tuple(data["columns"]), tuple(tuple(r) for r in data["rows"]),
+                   str(data.get("note", "")))
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """What the health gate saw during one window: ok, the reasons it is not, and facts for the reports."""
+
+    ok: bool
+    reasons: tuple[str, ...] = ()
+    facts: dict[str, JSONScalar] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "reasons": list(self.reasons), "facts": dict(self.facts)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> HealthReport | None:
+        return None if data is None else cls(bool(data["ok"]), tuple(data.get("reasons", ())),
+                                             dict(data.get("facts", {})))
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of one metric: the samples of one window, where it came from, and whether it can decide.
+
+    ``origin`` names the producer: ``call`` (the test's call), ``confirm k`` (a confirmation re-run), ``round i/N``
+    (a ``--moeperf-rounds`` child), ``base k`` / ``head k`` (an A/B side). ``excluded`` says why this window cannot
+    decide this metric (a degenerate window, declared by the test); ``test_passed`` is the test's own outcome in
+    that round (a regression alone does not fail it there)."""
+
+    samples: tuple[float, ...]
+    origin: str = "call"
+    test_passed: bool = True
+    health: HealthReport | None = None
+    excluded: tuple[str, ...] = ()
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why this round cannot decide anything (empty: it can)."""
+        sick = (f"health: {'; '.join(self.health.reasons)}",) if self.health is not None and not self.health.ok \
+            else ()
+        return sick + tuple(f"window: {reason}" for reason in self.excluded)
+
+    @property
+    def usable(self) -> bool:
+        return not self.problems
+
+    @property
+    def writable(self) -> bool:
+        """Whether an update may store this round as a baseline run."""
+        return self.usable and self.test_passed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"samples": list(self.samples), "origin": self.origin, "test_passed": self.test_passed,
+                "health": None if self.health is None else self.health.to_json(), "excluded": list(self.excluded)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Round:
+        return cls(tuple(float(x) for x in data["samples"]), str(data.get("origin", "call")),
+                   bool(data.get("test_passed", True)), HealthReport.from_json(data.get("health")),
+                   tuple(data.get("excluded", ())))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One metric of one test over a session: how it is judged, its rounds (oldest first) and its verdict.
+
+    ``metric`` carries the identity and the last round's samples; ``threshold`` is the policy resolved for its test
+    (record arguments, markers, options), kept so that whoever judges the record later judges it the same way."""
+
+    metric: Measurement
+    rounds: tuple[Round, ...]
+    threshold: Threshold = Threshold()
+    verdict: Verdict | None = None
+
+    @property
+    def key(self) -> str:
+        return self.metric.key
+
+    def measurements(self, usable_only: bool = False) -> list[Measurement]:
+        """The metric as measured in each round (only the rounds that can decide, with ``usable_only``)."""
+        return [dataclasses.replace(self.metric, samples=r.samples) for r in self.rounds
+                if r.usable or not usable_only]
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why rounds of this record cannot decide, each reason once, oldest first."""
+        return tuple(dict.fromkeys(p for r in self.rounds for p in r.problems))
+
+    def to_json(self) -> dict[str, Any]:
+        metric = self.metric.to_json()
+        metric.pop("samples")
+        return {"metric": metric, "rounds": [r.to_json() for r in self.rounds],
+                "threshold": dataclasses.asdict(self.threshold),
+                "verdict": None if self.verdict is None else self.verdict.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Record:
+        rounds = tuple(Round.from_json(r) for r in data["rounds"])
+        if not rounds:
+            raise ValueError("a ledger record needs at least one round")
+        metric = Measurement.from_json({**data["metric"], "samples": rounds[-1].samples})
+        verdict = data.get("verdict")
+        return cls(metric, rounds, Threshold(**data.get("threshold", {})),
+                   None if verdict is None else Verdict.from_json(verdict))
+
+
+@dataclass
+class Ledger:
+    """Every record of a session, the tests that ran (and why some measured nothing), the MISSING verdicts, extra
+    tables, and what the session must say: ``warnings`` (counted, and failed by ``--moeperf-strict``) and
+    ``notes``."""
+
+    records: dict[str, Record] = field(default_factory=dict)
+    tests: dict[str, str] = field(default_factory=dict)  # nodeid -> why it did not measure ("" when it ran)
+    missing: dict[str, Verdict] = field(default_factory=dict)
+    sections: list[Section] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, record: Record) -> None:
+        """Append a record; a metric seen before gets these rounds after its own, and its verdict is dropped
+        (the judge decides on all rounds together)."""
+        known = self.records.get(record.key)
+        if known is None:
+            self.records[record.key] = record
+            return
+        self.records[record.key] = dataclasses.replace(known, metric=record.metric,
+                                                       rounds=known.rounds + record.rounds, verdict=None)
+
+    def decide(self, key: str, verdict: Verdict) -> None:
+        self.records[key] = dataclasses.replace(self.records[key], verdict=verdict)
+
+    def note_test(self, nodeid: str, why: str) -> None:
+        """A test ran (``why`` empty) or did not measure (``why`` says so); its first word stands."""
+        if not self.tests.get(nodeid):
+            self.tests[nodeid] = why
+
+    def warn(self, text: str) -> None:
+        if text not in self.warnings:
+            self.warnings.append(text)
+
+    def merge(self, other: Ledger) -> None:
+        """Take everything another producer's ledger holds (a rounds child, an xdist worker, an A/B side)."""
+        for record in other.records.values():
+            self.add(record)
+        for nodeid, why in other.tests.items():
+            self.note_test(nodeid, why)
+        for key, verdict in other.missing.items():
+            self.missing.setdefault(key, verdict)
+        self.sections += [s for s in other.sections if s not in self.sections]
+        for text in other.warnings:
+            self.warn(text)
+        self.notes += [n for n in other.notes if n not in self.notes]
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        """The verdicts of the judged records, then the MISSING ones not measured at all."""
+        judged = [r.verdict for r in self.records.values() if r.verdict is not None]
+        return judged + [v for k, v in sorted(self.missing.items()) if k not in self.records]
+
+    def undecided(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": LEDGER_SCHEMA, "records": [r.to_json() for r in self.records.values()],
+                "tests": dict(self.tests), "missing": [v.to_json() for v in self.missing.values()],
+                "sections": [s.to_json() for s in self.sections], "warnings": list(self.warnings),
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Ledger:
+        if data.get("schema") != LEDGER_SCHEMA:
+            raise ValueError(f"ledger schema {data.get('schema')!r}; this version reads {LEDGER_SCHEMA}")
+        ledger = cls(tests=dict(data.get("tests", {})), warnings=list(data.get("warnings", ())),
+                     notes=list(data.get("notes", ())))
+        for record in data.get("records", ()):
+            ledger.add(Record.from_json(record))
+        for verdict in data.get("missing", ()):
+            found = Verdict.from_json(verdict)
+            ledger.missing[found.key] = found
+        ledger.sections = [Section.from_json(s) for s in data.get("sections", ())]
+        return ledger
+
+
+def records_of(payload: Iterable[Mapping[str, Any]]) -> list[Record]:
+    """Records from their JSON (what a test's call report carries to the controller)."""
+    return [Record.from_json(entry) for entry in payload]

@@ -1,0 +1,2 @@
+"""The machine a run measures: topology, probing, fingerprint and host, interconnect emulation, GPU placement,
+requirement markers, provenance."""

@@ -1,0 +1,1 @@
+"""Processes moeperf starts and stops: lifecycle of servers and rank groups, child pytest sessions, rounds."""

@@ -1,0 +1,87 @@
+"""Child pytest sessions: the same command line run again in a fresh process, its progress echoed, its ledger read
+back. ``--moeperf-rounds`` runs its rounds this way, and ``moeperf ab`` its sides."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_moeperf.ledger import Ledger
+from pytest_moeperf.reports.document import ledger_of
+
+#: the environment variable naming a file of node ids: a child session runs only those tests (the others are
+#: deselected), e.g. the extra rounds of the tests whose metrics are still unsettled
+ONLY_ENV = "MOEPERF_ONLY"
+
+#: Child output lines worth showing while it runs: pytest's per-file progress ("… [ 42%]") and the serving
+#: windows' progress ("moeperf: [profile] 24/48 requests done …").
+_PROGRESS = re.compile(r"\[\s*\d+%\]\s*$|moeperf: \[")
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    ledger: Ledger | None  # None: the child wrote no readable report
+    problem: str = ""  # why there is no ledger
+
+    @property
+    def last_line(self) -> str:
+        lines = [line for line in self.stdout.splitlines() if line.strip()]
+        return lines[-1].strip("= ") if lines else "(no output)"
+
+    @property
+    def failures(self) -> list[str]:
+        return [line for line in self.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+
+
+def pytest_command(python: str, args: Sequence[str], report: Path) -> list[str]:
+    return [python, "-m", "pytest", *args, "--moeperf-rounds", "1", "--moeperf-report", str(report)]
+
+
+def run_child(args: Sequence[str], cwd: Path, env: Mapping[str, str], python: str = sys.executable,
+              echo: Callable[[str], None] | None = None) -> ChildResult:
+    """Run ``python -m pytest ARGS`` with a private JSON report; progress lines are echoed (indented) as they
+    come, all output is kept; the child's ledger is read from its report. KeyboardInterrupt kills the child."""
+    with tempfile.TemporaryDirectory(prefix="moeperf-child-") as tmp, tempfile.TemporaryFile(mode="w+") as err:
+        report = Path(tmp) / "report.json"
+        argv = pytest_command(python, args, report)
+        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=err, text=True)
+        out: list[str] = []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.append(line)
+                if echo is not None and _PROGRESS.search(line):
+                    echo("    " + line.strip())
+            proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        err.seek(0)
+        stderr = err.read()
+        try:
+            ledger: Ledger | None = ledger_of(json.loads(report.read_text()))
+            problem = ""
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ledger, problem = None, f"no readable report ({type(exc).__name__}: {exc})"
+        return ChildResult(proc.returncode, "".join(out), stderr, ledger, problem)
+
+
+def only_file(directory: Path, nodeids: Sequence[str]) -> Path:
+    """A file of node ids for `ONLY_ENV`."""
+    path = directory / "only.txt"
+    path.write_text("\n".join(nodeids) + "\n")
+    return path
+
+
+def read_only(path: str) -> set[str]:
+    return {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}

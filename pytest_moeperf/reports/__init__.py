@@ -1,0 +1,1 @@
+"""Reports as lines or documents (terminal, Markdown, JSON, JUnit); nothing here prints."""

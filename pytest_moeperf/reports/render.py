@@ -1,0 +1,113 @@
+"""Reports as lines: the verdict table, reasons, sections, for the terminal and Markdown; nothing here prints."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_moeperf.judging.verdict import Status, Verdict
+from pytest_moeperf.ledger import Section
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f} %"
+
+
+#: how the mde column names a noise source other than the baseline's own runs (`thresholds.Reference.noise_source`)
+_SOURCES = {"history": " (history)", "family": " (family)", "hosts": " (other hosts)", "within-run": " (no spread)"}
+
+
+def _mde(v: Verdict) -> str:
+    if v.mde is None:
+        return "-"
+    return f"{v.mde * 100:.1f} %" + _SOURCES.get(v.noise_source, "")
+
+
+def verdict_rows(verdicts: Sequence[Verdict]) -> list[tuple[str, ...]]:
+    return [
+        (v.key, v.unit, _fmt(v.reference), _fmt(v.estimate), _pct(v.change), _mde(v),
+         str(len(v.round_medians)) if v.round_medians else "-", v.status.value)
+        for v in verdicts
+    ]
+
+
+#: "mde": the minimum detectable effect, the bound actually used, with its noise source when it is not the baseline's
+#: own runs: "(history)" accepted sessions, "(family)" the metric's family on this host, "(other hosts)" the spread
+#: between hosts, "(no spread)" none known (such a verdict is never REGRESSED or IMPROVED).
+VERDICT_COLUMNS = ("metric", "unit", "baseline", "current", "Δ", "mde", "rounds", "verdict")
+
+
+def reason_lines(verdicts: Sequence[Verdict]) -> list[str]:
+    """Why each INCONCLUSIVE or MISSING metric is so, and each metric's noise source when it was judged."""
+    return [f"{v.status.value} {v.key}: {v.reason}" for v in verdicts
+            if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
+
+
+def table_lines(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 90) -> list[str]:
+    """A plain aligned text table; over-long cells in the first column are shortened from the left."""
+    cells = [[str(c) for c in row] for row in rows]
+    for row in cells:
+        if row and len(row[0]) > max_width:
+            row[0] = "…" + row[0][-(max_width - 1):]
+    widths = [max([len(columns[i])] + [len(r[i]) for r in cells]) for i in range(len(columns))]
+    head = "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(columns))
+    lines = [head, "-" * len(head)]
+    for row in cells:
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
+    return lines
+
+
+def counts_line(verdicts: Sequence[Verdict]) -> str:
+    counts = {s: sum(1 for v in verdicts if v.status is s) for s in Status}
+    return ", ".join(f"{n} {s.value.lower()}" for s, n in counts.items() if n) or "no metrics"
+
+
+def terminal_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], header: str) -> list[str]:
+    lines = [header, counts_line(verdicts)]
+    if verdicts:
+        lines += [""] + table_lines(VERDICT_COLUMNS, verdict_rows(verdicts))
+        lines += reason_lines(verdicts)
+    for section in sections:
+        lines += ["", section.title] + table_lines(section.columns, section.rows)
+        if section.note:
+            lines.append(section.note)
+    return lines
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|")
+
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(cell(c) for c in row) + " |" for row in rows
+    ]
+
+
+_ICONS = {Status.PASS: "✅", Status.NEW: "🆕", Status.IMPROVED: "🚀", Status.REGRESSED: "❌",
+          Status.INCONCLUSIVE: "❔", Status.MISSING: "⚠️"}
+
+
+def markdown_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], header: str,
+                   warnings: Sequence[str] = ()) -> list[str]:
+    lines = [f"## moeperf: {header}", "", counts_line(verdicts), ""]
+    lines += [f"> ⚠️ {w}" for w in warnings] + ([""] if warnings else [])
+    regressed = [v for v in verdicts if v.status is Status.REGRESSED]
+    if regressed:
+        lines += ["### Regressions", ""] + [f"- `{v.key}`: {v.message()}" for v in regressed] + [""]
+    undecided = [v for v in verdicts if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
+    if undecided:
+        lines += ["### Inconclusive and missing", ""] + [f"- {v.status.value} `{v.key}`: {v.reason}"
+                                                         for v in undecided] + [""]
+    if verdicts:
+        rows = [row[:-1] + (f"{_ICONS[v.status]} {v.status.value}",) for row, v in zip(verdict_rows(verdicts),
+                                                                                       verdicts, strict=True)]
+        lines += markdown_table(VERDICT_COLUMNS, [(f"`{r[0]}`",) + r[1:] for r in rows]) + [""]
+    for section in sections:
+        lines += [f"### {section.title}", ""] + markdown_table(section.columns, section.rows) + [""]
+        if section.note:
+            lines += [section.note, ""]
+    return lines

@@ -1,0 +1,55 @@
+"""The pytest runtime of the plugin: every stash key in one place, and what the hooks read off pytest's objects.
+
+Nothing below the session adapters imports this module: the ledger, the judge, the store and the reports take
+plain values.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from pytest_moeperf.conclude import Conclusion
+from pytest_moeperf.ledger import HealthReport
+from pytest_moeperf.perf import Perf
+from pytest_moeperf.settings import Settings
+
+#: the resolved options of this session
+settings_key = pytest.StashKey[Settings]()
+#: the session state: ledger, judge, store (a `session.MoePerfSession`)
+session_key = pytest.StashKey[Conclusion]()
+#: a test item's `Perf` (set by the ``perf`` fixture)
+perf_key = pytest.StashKey[Perf]()
+#: the health gate's report of each round's window of a test item (round index -> report)
+health_key = pytest.StashKey[dict[int, HealthReport]]()
+#: set on an item while a confirmation round of it runs
+confirming_key = pytest.StashKey[bool]()
+#: `time.monotonic()` when the session was configured (``--moeperf-deadline`` counts from it)
+started_key = pytest.StashKey[float]()
+#: undoes the environment an interconnect emulation set
+restore_env_key = pytest.StashKey[Callable[[], None]]()
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """Why a test did not measure: its skip reason, or that it failed or errored ("" when it passed)."""
+    if report.passed:
+        return ""
+    if report.skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        return f"test skipped: {reason.removeprefix('Skipped: ')}"
+    return "test failed" if report.when == "call" else f"test errored in {report.when}"
+
+
+def skip_past_deadline(config: pytest.Config) -> None:
+    """Skip the running test when ``--moeperf-deadline`` has passed. Called before every test that records
+    metrics, or, for a test marked ``moeperf_deadline_inside``, by the test itself before it starts new work."""
+    deadline = config.stash[settings_key].deadline_s
+    if deadline is None:
+        return
+    elapsed = time.monotonic() - config.stash[started_key]
+    if elapsed > deadline:
+        pytest.skip(f"--moeperf-deadline {deadline:g} s passed ({elapsed:.0f} s into the session): "
+                    "the batch's time slot is used up")

@@ -1,0 +1,14 @@
+"""Settings: the ``--moeperf-*`` option table with its ini twins (`options`) and the argument checks it shares
+with the ``moeperf`` command (`checks`)."""
+
+from pytest_moeperf.settings.options import (
+    OPTIONS,
+    ROUND_ENV,
+    Option,
+    Settings,
+    add_options,
+    parse_server_urls,
+    resolve,
+)
+
+__all__ = ["OPTIONS", "ROUND_ENV", "Option", "Settings", "add_options", "parse_server_urls", "resolve"]

@@ -1,0 +1,196 @@
+"""What a baseline file stores per metric: its runs (one per round of each update, tagged with the host that
+measured it) and the `Reference` a verdict is judged against on a given host.
+
+A run without a host (recorded before hosts were told apart) counts as a host of its own per sitting: the runs of
+one update shared one machine, the next update may have had another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_moeperf.judging import stats
+from pytest_moeperf.judging.stats import Summary, summarize
+from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference
+from pytest_moeperf.ledger import Measurement
+
+_SIGNIFICANT = 6
+MIN_HOSTS_FOR_SPREAD = 3
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be used; the message names the file."""
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{_SIGNIFICANT}g}")
+
+
+def finite(where: str, key: str, values: Mapping[str, Any]) -> None:
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BaselineError(f"{where}: metric {key!r} has a non-finite {name} ({value}); a baseline must be "
+                                "a finite number (left untouched)")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One update's run of a metric, as a baseline keeps it."""
+
+    median: float
+    n: int
+    iqr: float
+    date: str | None = None
+    git_commit: str | None = None
+    host: str | None = None  # the host id that measured it (None: recorded before hosts were told apart)
+
+    @classmethod
+    def of(cls, summary: Summary, provenance: Mapping[str, Any]) -> RunSummary:
+        return cls(summary.median, summary.n, summary.iqr, provenance.get("date"), provenance.get("git_commit"),
+                   provenance.get("host_id"))
+
+    @property
+    def host_group(self) -> str:
+        """Which machine this run stands for: its host, or its sitting when the host is unknown."""
+        return self.host if self.host is not None else f"sitting {self.date or '?'}"
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        if data["host"] is None:
+            del data["host"]
+        return data
+
+
+def keep_last(runs: Sequence[RunSummary], keep: int) -> tuple[RunSummary, ...]:
+    """The last ``keep`` runs of each host (runs of several hosts live side by side; those of no known host count
+    as one), in their order."""
+    counts: dict[str | None, int] = {}
+    kept: list[RunSummary] = []
+    for run in reversed(runs):
+        group = run.host
+        if counts.get(group, 0) < keep:
+            counts[group] = counts.get(group, 0) + 1
+            kept.append(run)
+    return tuple(reversed(kept))
+
+
+def _within_rel_iqr(runs: Sequence[RunSummary]) -> float:
+    return max((r.iqr / abs(r.median) if r.median else 0.0) for r in runs)
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    key: str
+    test_id: str
+    name: str
+    unit: str
+    better: str
+    summary: Summary  # the last update's run
+    context: Mapping[str, Any] = field(default_factory=dict)
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    runs: tuple[RunSummary, ...] = ()  # oldest first; empty means "the summary is the only run"
+    #: when these runs started: the first update, or the re-record that reset them (a changed unit or direction);
+    #: a noise source older than this is not the same measurement
+    since: str | None = None
+
+    @property
+    def all_runs(self) -> tuple[RunSummary, ...]:
+        return self.runs or (RunSummary.of(self.summary, self.provenance),)
+
+    def hosts(self) -> dict[str, list[RunSummary]]:
+        """The runs by the machine they stand for (`RunSummary.host_group`), oldest first."""
+        groups: dict[str, list[RunSummary]] = {}
+        for run in self.all_runs:
+            groups.setdefault(run.host_group, []).append(run)
+        return groups
+
+    def reference(self, host: str | None = None) -> Reference:
+        """What a verdict on ``host`` is judged against (``host`` None: every run, as one machine's).
+
+        This host's runs when it has at least 3, or when no spread between hosts can be learned; else the
+        per-host medians of every host (this one included) with their spread: a cross-host reference."""
+        runs = self.all_runs
+        if host is None:
+            return Reference(tuple(r.median for r in runs), _within_rel_iqr(runs), sittings=len({r.date for r in runs}))
+        mine = [r for r in runs if r.host == host]
+        groups = self.hosts()
+        others = len(groups) - (1 if mine else 0)
+        if len(mine) >= MIN_RUNS_FOR_SPREAD or (mine and len(groups) < MIN_HOSTS_FOR_SPREAD):
+            return Reference(tuple(r.median for r in mine), _within_rel_iqr(mine),
+                             sittings=len({r.date for r in mine}))
+        medians = tuple(stats.median([r.median for r in g]) for g in groups.values())
+        spread = stats.relative_spread(medians) if len(groups) >= MIN_HOSTS_FOR_SPREAD else None
+        label = f"{others} other host{'s' if others != 1 else ''}"
+        return Reference(medians, _within_rel_iqr(runs), sittings=len(groups), other_hosts=label,
+                         host_spread=spread)
+
+    def to_json(self) -> dict[str, Any]:
+        summary = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self.summary).items()}
+        runs = [r.to_json() for r in self.all_runs]
+        for values in (summary, *runs):
+            finite("baseline update", self.key, values)
+        data = {"test": self.test_id, "name": self.name, "unit": self.unit, "better": self.better,
+                "summary": summary, "runs": runs, "context": dict(self.context), "provenance": dict(self.provenance)}
+        if self.since is not None:
+            data["since"] = self.since
+        return data
+
+    @classmethod
+    def from_json(cls, key: str, data: Mapping[str, Any], where: str) -> BaselineEntry:
+        try:
+            raw = dict(data["summary"])
+            finite(where, key, raw)
+            summary = Summary(n=int(raw.pop("n")), **{k: float(v) for k, v in raw.items()})
+            runs = []
+            for run in data.get("runs", []):
+                finite(where, key, run)
+                runs.append(RunSummary(float(run["median"]), int(run["n"]), float(run["iqr"]), run.get("date"),
+                                       run.get("git_commit"), run.get("host")))
+            return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
+                       better=str(data["better"]), summary=summary, context=dict(data.get("context", {})),
+                       provenance=dict(data.get("provenance", {})), runs=tuple(runs), since=data.get("since"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BaselineError(f"{where}: metric {key!r} is malformed ({type(exc).__name__}: {exc})") from None
+
+    def updated(self, m: Measurement, provenance: Mapping[str, Any], keep: int) -> BaselineEntry:
+        """This entry with one more run (``m``); a changed unit or direction starts the runs afresh."""
+        fresh = BaselineEntry.from_measurement(m, provenance)
+        if (self.unit, self.better) != (m.unit, m.better):
+            return fresh
+        return dataclasses.replace(fresh, runs=keep_last(self.all_runs + fresh.runs, keep), since=self.since)
+
+    @classmethod
+    def from_measurement(cls, m: Measurement, provenance: Mapping[str, Any]) -> BaselineEntry:
+        summary = summarize(m.samples)
+        return cls(key=m.key, test_id=m.test_id, name=m.name, unit=m.unit, better=m.better, summary=summary,
+                   context=dict(m.context), provenance=dict(provenance), runs=(RunSummary.of(summary, provenance),),
+                   since=provenance.get("date"))
+
+
+def merge_entries(a: BaselineEntry, b: BaselineEntry, keep: int) -> BaselineEntry:
+    """One metric's runs from two copies of a baseline that were updated apart (e.g. two GPU runners, or two hosts
+    of one fingerprint): the union of their runs by date (a run both hold counts once), the last ``keep`` of each host;
+    summary, context and provenance of the copy updated last. Copies whose unit or direction differ cannot be
+    merged (`BaselineError`)."""
+    if (a.unit, a.better) != (b.unit, b.better):
+        raise BaselineError(f"metric {a.key!r}: cannot merge {a.unit}/{a.better} with {b.unit}/{b.better}")
+    runs = sorted(set(a.all_runs) | set(b.all_runs), key=lambda r: (r.date or "", r.median))
+    newer = b if (b.provenance.get("date") or "") >= (a.provenance.get("date") or "") else a
+    since = min((s for s in (a.since, b.since) if s is not None), default=None)
+    return dataclasses.replace(newer, runs=keep_last(runs, keep), since=since)
+
+
+def software_changes(baseline: BaselineEntry | None, current: Mapping[str, str]) -> str:
+    """What changed in the software versions since ``baseline`` was recorded ("" when nothing did)."""
+    if baseline is None:
+        return ""
+    before = baseline.provenance.get("software", {})
+    if not isinstance(before, dict):
+        return ""
+    changed = [f"{k} {before.get(k, '-')} -> {current.get(k, '-')}" for k in sorted(set(before) | set(current))
+               if before.get(k) != current.get(k)]
+    return ("software changed since the baseline: " + ", ".join(changed)) if changed else ""

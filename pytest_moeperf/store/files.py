@@ -1,0 +1,133 @@
+"""Files the plugin writes and reads: the one atomic writer, the one reader of a JSON-object file, and the lock and
+transaction that make an update of several files one step.
+
+* `atomic_write`: a temporary file in the same directory, fsync, rename; the file gets the mode a plain ``open()``
+  would give it (0666 less the umask), never mkstemp's 0600.
+* `read_json_object`: one error mapping for every JSON-object file we read (baselines, profiles, topologies,
+  reports): `FileFormatError` naming the file, never a traceback.
+* `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): two updates of one baselines
+  directory take turns instead of losing each other's metrics.
+* `commit`: several files replaced as one transaction. The new texts are written to temporary files, a journal
+  naming them is written atomically, then each is renamed into place and the journal removed. A kill at any point
+  leaves either the old files (no journal yet) or a journal that the next `locked` entry rolls forward; stray
+  temporary files of ours are removed there too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+LOCK_NAME = ".moeperf.lock"
+JOURNAL_NAME = ".moeperf-journal.json"
+TMP_SUFFIX = ".moeperf.tmp"
+
+
+class FileFormatError(ValueError):
+    """A file that cannot be read as what it should be; the message names the file."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_temp(path: Path, text: str) -> Path:
+    """``text`` in a new temporary file beside ``path`` (same file system), flushed to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a crash leaves the old file whole (see the module docstring)."""
+    tmp = _write_temp(path, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """Parse ``path`` as a JSON object; `FileFormatError` names the file and ``what`` it should be."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise FileFormatError(f"{what} {path} is a directory, not a file") from None
+    except OSError as exc:
+        raise FileFormatError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise FileFormatError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(f"{what} {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise FileFormatError(f"{what} {path} must hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _recover(directory: Path) -> None:
+    """Roll a journal forward (an interrupted `commit`), then remove our stray temporary files."""
+    journal = directory / JOURNAL_NAME
+    if journal.exists():
+        try:
+            moves = json.loads(journal.read_text())
+        except (OSError, ValueError):
+            moves = {}
+        for tmp, dest in dict(moves).items():
+            if Path(tmp).exists():
+                os.replace(tmp, dest)
+        journal.unlink(missing_ok=True)
+    for stray in directory.rglob(f".*{TMP_SUFFIX}"):
+        stray.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """Hold the exclusive lock of ``directory`` (created as needed); entering finishes an interrupted commit."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / LOCK_NAME, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            _recover(directory)
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def commit(directory: Path, texts: Mapping[Path, str]) -> list[Path]:
+    """Replace every file of ``texts`` (all under ``directory``, whose lock the caller holds) in one transaction;
+    the paths written."""
+    if not texts:
+        return []
+    temps: dict[str, str] = {}
+    try:
+        for dest, text in texts.items():
+            temps[str(_write_temp(dest, text))] = str(dest)
+        atomic_write(directory / JOURNAL_NAME, json.dumps(temps, indent=1))
+    except BaseException:
+        for tmp in temps:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    for tmp, final in temps.items():
+        os.replace(tmp, final)
+    (directory / JOURNAL_NAME).unlink(missing_ok=True)
+    return [Path(final) for final in temps.values()]
