@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pytest_moeperf.history import cli as history_cli
 from pytest_moeperf.machine import probe, topology
-from pytest_moeperf.reports import render as report
+from pytest_moeperf.reports import markdown
 from pytest_moeperf.settings.checks import at_least, describe, output_path
 from pytest_moeperf.store import baselines, files, trees
 
@@ -87,15 +87,15 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def diff_markdown(changes: Sequence[trees.Change], title: str) -> list[str]:
-    lines = [f"## Baseline changes: {title}", ""]
+    lines = [f"## Baseline changes: {markdown.md_text(title)}", ""]
     if not changes:
         return lines + ["No baseline changed."]
     counts = {k: sum(1 for c in changes if c.kind == k) for k in ("changed", "added", "removed")}
     lines += [", ".join(f"{n} {k}" for k, n in counts.items() if n), ""]
-    rows = [(c.file, f"`{c.key.split('::', 1)[-1]}`", c.kind, "-" if c.old is None else f"{c.old:.4g}",
+    rows = [(c.file, markdown.Code(c.key.split('::', 1)[-1]), c.kind, "-" if c.old is None else f"{c.old:.4g}",
              "-" if c.new is None else f"{c.new:.4g}", c.unit,
              "-" if c.relative is None else f"{c.relative * 100:+.1f} %") for c in changes]
-    return lines + report.markdown_table(("fingerprint/suite", "metric", "what", "before", "after", "unit", "Δ"),
+    return lines + markdown.markdown_table(("fingerprint/suite", "metric", "what", "before", "after", "unit", "Δ"),
                                          rows)
 
 

@@ -22,7 +22,7 @@ from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import Ledger, Measurement, suite_of
 from pytest_moeperf.machine.provenance import git_commit_info
 from pytest_moeperf.machine.topology import Topology
-from pytest_moeperf.reports import document, render
+from pytest_moeperf.reports import document, markdown, render
 from pytest_moeperf.settings import Settings
 from pytest_moeperf.store import files
 from pytest_moeperf.store.baselines import BaselineStore
@@ -205,7 +205,7 @@ class Conclusion:
             if settings.html is not None and history.write_html(settings.html, doc, target):
                 self.written.append(settings.html)
         if settings.markdown is not None:
-            lines = render.markdown_lines(self.ledger.verdicts, self.ledger.sections, self.header(),
+            lines = markdown.markdown_lines(self.ledger.verdicts, self.ledger.sections, self.header(),
                                           self.ledger.warnings)
             self._write(settings.markdown, "\n".join(lines) + "\n", append=True)
 

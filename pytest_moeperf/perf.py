@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
+from pytest_moeperf.judging import stats
 from pytest_moeperf.ledger import Better, JSONScalar, Measurement, as_samples
 
 
@@ -97,4 +98,9 @@ class Perf:
             tolerance=tolerance, abs_tolerance=abs_tolerance, context={**self._context, **(context or {})},
         )
         self._records.append(measurement)
+        overflow = stats.non_finite(stats.summarize(measurement.samples))
+        if overflow:  # this metric alone: the test's other metrics are judged and stored as usual
+            self.inconclusive(f"metric {name!r}: its {' and '.join(overflow)} is beyond the largest float "
+                              f"(samples from {min(measurement.samples):.4g} to {max(measurement.samples):.4g}): "
+                              "it cannot be judged or stored", only=[name])
         return measurement

@@ -7,9 +7,7 @@ Neither failure fails the run: a history that cannot be written or an HTML repor
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +23,7 @@ from pytest_moeperf.history.store import (
     redact,
     sqlite_path,
 )
+from pytest_moeperf.store.files import atomic_write
 
 HISTORY_DIR = ".moeperf"
 HISTORY_FILE = "history.sqlite"
@@ -95,18 +94,6 @@ def record_report(doc: Mapping[str, Any], target: str, started: str | None = Non
     return record_session(run, metrics, target)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def flagged_trends(doc: Mapping[str, Any], target: str | None) -> list[Any]:
     """Trends, on this run's fingerprint, of the metrics this run flagged (regressed or inconclusive)."""
     from pytest_moeperf.history import html, trend
@@ -132,7 +119,7 @@ def write_html(path: Path, doc: Mapping[str, Any], target: str | None = None) ->
         except HistoryError as exc:
             _warn(f"moeperf HTML report drawn without history: {exc}")
             trends = []
-        _atomic_write(path, html.html_report(doc, trends))
+        atomic_write(path, html.html_report(doc, trends))  # the one writer: fsync, rename, the normal file mode
     except ImportError as exc:
         _warn(f"moeperf HTML report not written: it needs the 'history' extra (matplotlib, apache-otava): {exc}")
         return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import unquote
 
 from pytest_moeperf.history.records import MetricRecord, Point, SessionRecord, StoredSession
 
@@ -80,14 +82,29 @@ def parse_target(text: str) -> str | None:
     return value
 
 
+_SECRET_PARAMETER = re.compile("pass|secret|token", re.IGNORECASE)  # password=, sslpassword=, passfile=, …
+
+
+def _redact_parameter(parameter: str) -> str:
+    key, equals, _ = parameter.partition("=")
+    return f"{key}=***" if equals and _SECRET_PARAMETER.search(unquote(key)) else parameter
+
+
 def redact(target: str) -> str:
-    """The target with any password replaced, for messages."""
-    if is_postgresql(target) and "@" in target:
-        scheme, _, rest = target.partition("://")
-        credentials, _, host = rest.rpartition("@")
+    """The target with every password replaced, for messages: in the user information (``user:***@``) and in the
+    query (``?password=***``, ``sslpassword=***``; a key libpq would decode from percent-encoding too)."""
+    if not is_postgresql(target):
+        return target
+    scheme, _, rest = target.partition("://")
+    userinfo = re.match(r"[^@/]*@", rest)  # libpq's reading: user information ends at the first '@' before any '/'
+    if userinfo is not None:
+        credentials = userinfo.group(0)[:-1]
         user = credentials.split(":", 1)[0]
-        return f"{scheme}://{user}{':***' if ':' in credentials else ''}@{host}"
-    return target
+        rest = f"{user}{':***' if ':' in credentials else ''}@{rest[userinfo.end():]}"
+    location, question, query = rest.partition("?")
+    if question:
+        query = "&".join(_redact_parameter(p) for p in query.split("&"))
+    return f"{scheme}://{location}{question}{query}"
 
 
 _RUN_COLUMNS = "r.id, r.started, r.finished, r.git_commit, r.git_dirty, r.host, r.fingerprint, r.fingerprint_hash, " \

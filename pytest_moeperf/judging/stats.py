@@ -16,9 +16,14 @@ def quantile(values: Sequence[float], q: float) -> float:
         raise ValueError(f"q must be in [0, 1], got {q}")
     ordered = sorted(values)
     pos = (len(ordered) - 1) * q
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    low, high = ordered[math.floor(pos)], ordered[math.ceil(pos)]
+    frac = pos - math.floor(pos)
+    if frac == 0 or low == high:
+        return low
+    gap = high - low
+    if math.isinf(gap):  # two finite values near the float limit of opposite signs: interpolate without the gap
+        return low * (1.0 - frac) + high * frac
+    return low + gap * frac
 
 
 def median(values: Sequence[float]) -> float:
@@ -45,17 +50,30 @@ def relative_spread(values: Sequence[float]) -> float | None:
     return MAD_TO_SIGMA * mad(values) / abs(center) if center else None
 
 
+def _scale(values: Sequence[float]) -> float:
+    """A power of two at most the largest magnitude: values divided by it (exactly) are below 2 in magnitude, so
+    their sums and squares cannot overflow; multiplying back is exact too."""
+    return math.ldexp(1.0, math.frexp(max(abs(v) for v in values))[1] - 1)
+
+
 def mean(values: Sequence[float]) -> float:
+    """The mean, correctly rounded (``math.fsum``) and finite for any finite values: the sum of [1e308, 1e308]
+    overflows, its mean does not."""
     if not values:
         raise ValueError("mean of no values")
-    return sum(values) / len(values)
+    scale = _scale(values)
+    return math.fsum(v / scale for v in values) / len(values) * scale
 
 
 def stddev(values: Sequence[float]) -> float:
+    """The sample standard deviation, computed on scaled values: ``inf`` only when it really exceeds the largest
+    float (finite values of opposite signs near the limit)."""
     if len(values) < 2:
         return 0.0
-    m = mean(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    scale = _scale(values)
+    scaled = [v / scale for v in values]
+    centre = math.fsum(scaled) / len(scaled)
+    return math.sqrt(math.fsum((x - centre) ** 2 for x in scaled) / (len(scaled) - 1)) * scale
 
 
 #: above this many samples the binomial order-statistic rank comes from the normal approximation
@@ -104,6 +122,12 @@ class Summary:
     q3: float
     ci_low: float
     ci_high: float
+
+
+def non_finite(summary: Summary) -> tuple[str, ...]:
+    """The numbers of ``summary`` that are not finite: of finite samples, only a spread (stddev, IQR) beyond the
+    largest float can be."""
+    return tuple(name for name, value in vars(summary).items() if not math.isfinite(value))
 
 
 def summarize(values: Sequence[float]) -> Summary:

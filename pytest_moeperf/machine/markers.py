@@ -5,6 +5,7 @@ marker with bad arguments is a usage error of that test (it errors at setup), ne
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Mapping
 
 import pytest
@@ -40,13 +41,46 @@ class MarkerError(ValueError):
     """A requirement marker with arguments it cannot take."""
 
 
+class RequirementCheckError(MarkerError):
+    """A ``requires`` marker whose check itself failed: the parent package of a module raised on import."""
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def _int(marker: pytest.Mark, value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise MarkerError(f"{marker.name}: {what} must be an integer, got {value!r}")
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise MarkerError(f"{marker.name}: {what} must be an integer, got {value!r}") from None
+    if number < 0:
+        raise MarkerError(f"{marker.name}: {what} must be >= 0, got {number}")
+    return number
+
+
+def _module_names(marker: pytest.Mark) -> list[str]:
+    if marker.kwargs or not marker.args:
+        raise MarkerError(f"{marker.name}: name at least one module, as requires('vllm', ...)")
+    for name in marker.args:
+        if not isinstance(name, str):
+            raise MarkerError(f"{marker.name}: a module name must be a string, got {name!r}")
+        if not _MODULE_NAME.fullmatch(name):
+            raise MarkerError(f"{marker.name}: {name!r} is not a module name")
+    return list(marker.args)
+
+
+def _importable(name: str) -> bool:
+    """Whether module ``name`` can be found. For ``pkg.sub`` this imports ``pkg``: a missing or non-package
+    parent means ``pkg.sub`` is not installed (`find_spec` raises instead of answering None)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+    except Exception as exc:  # the parent package's own import code failed: that test's error, not the session's
+        raise RequirementCheckError(f"requires({name!r}): importing its parent package raised "
+                                    f"{type(exc).__name__}: {exc}") from exc
 
 
 def _arg(marker: pytest.Mark, name: str, default: object = None) -> object:
@@ -87,7 +121,7 @@ def unmet_requirement(item: pytest.Item, topo: Topology) -> str | None:
         if not archs or not archs <= wanted:
             return f"requires architecture {' or '.join(sorted(wanted))}, found {', '.join(sorted(archs)) or 'no GPU'}"
     for marker in item.iter_markers("requires"):
-        missing = [m for m in marker.args if importlib.util.find_spec(str(m)) is None]
+        missing = [m for m in _module_names(marker) if not _importable(m)]
         if missing:
             return f"requires importable module(s) {', '.join(missing)}, not installed"
     return None
@@ -98,6 +132,9 @@ def apply(item: pytest.Item, topo: Topology) -> None:
     try:
         threshold_marker(item)
         reason = unmet_requirement(item, topo)
+    except RequirementCheckError as exc:
+        item.stash[usage_error_key] = f"{item.nodeid}: {exc}"
+        return
     except (MarkerError, ThresholdError) as exc:
         item.stash[usage_error_key] = f"{item.nodeid}: bad marker: {exc}"
         return

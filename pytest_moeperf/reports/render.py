@@ -76,38 +76,3 @@ def terminal_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], hea
         if section.note:
             lines.append(section.note)
     return lines
-
-
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    def cell(value: Any) -> str:
-        return str(value).replace("|", "\\|")
-
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
-        "| " + " | ".join(cell(c) for c in row) + " |" for row in rows
-    ]
-
-
-_ICONS = {Status.PASS: "✅", Status.NEW: "🆕", Status.IMPROVED: "🚀", Status.REGRESSED: "❌",
-          Status.INCONCLUSIVE: "❔", Status.MISSING: "⚠️"}
-
-
-def markdown_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], header: str,
-                   warnings: Sequence[str] = ()) -> list[str]:
-    lines = [f"## moeperf: {header}", "", counts_line(verdicts), ""]
-    lines += [f"> ⚠️ {w}" for w in warnings] + ([""] if warnings else [])
-    regressed = [v for v in verdicts if v.status is Status.REGRESSED]
-    if regressed:
-        lines += ["### Regressions", ""] + [f"- `{v.key}`: {v.message()}" for v in regressed] + [""]
-    undecided = [v for v in verdicts if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
-    if undecided:
-        lines += ["### Inconclusive and missing", ""] + [f"- {v.status.value} `{v.key}`: {v.reason}"
-                                                         for v in undecided] + [""]
-    if verdicts:
-        rows = [row[:-1] + (f"{_ICONS[v.status]} {v.status.value}",) for row, v in zip(verdict_rows(verdicts),
-                                                                                       verdicts, strict=True)]
-        lines += markdown_table(VERDICT_COLUMNS, [(f"`{r[0]}`",) + r[1:] for r in rows]) + [""]
-    for section in sections:
-        lines += [f"### {section.title}", ""] + markdown_table(section.columns, section.rows) + [""]
-        if section.note:
-            lines += [section.note, ""]
-    return lines

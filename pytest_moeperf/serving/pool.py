@@ -31,7 +31,14 @@ from pytest_moeperf.serving.profiles import (
     launch_blocker,
 )
 from pytest_moeperf.serving.served import Served, vocab_size_of
-from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, ServerStartError, free_port
+from pytest_moeperf.serving.server import (
+    AttachedServer,
+    LaunchedServer,
+    PortTaken,
+    ServerDied,
+    ServerStartError,
+    free_port,
+)
 
 __all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "pin_gpus", "place"]
 
@@ -41,6 +48,7 @@ log = logging.getLogger("pytest_moeperf.serving")
 Watch = Callable[[Iterable[int]], AbstractContextManager[list[HealthReport]]]
 
 GPU_SHARE_BUDGET = 0.9
+PORT_ATTEMPTS = 3  # starts of one server on fresh ports when another process took the port first
 CPU_SERVERS = 2  # each tiny-model server holds VLLM_CPU_KVCACHE_SPACE (1 GiB) of KV cache
 
 
@@ -85,9 +93,11 @@ class ServerPool:
         log_dir: Path,
         progress_sink: Callable[[str], None] | None = None,
         watch: Watch | None = None,
+        ports: Callable[[], int] = free_port,
     ) -> None:
         """``progress_sink``: where windows' progress lines go besides the log; ``watch(gpus)``: a context manager
-        that judges the health of a window (the health gate's), used around each server's start-up."""
+        that judges the health of a window (the health gate's), used around each server's start-up; ``ports``:
+        picks the loopback port of each start (a free one)."""
         self.profiles = profiles
         self.timeout_s = timeout_s
         self.gpu_count = gpu_count
@@ -95,6 +105,7 @@ class ServerPool:
         self.log_dir = log_dir
         self.progress_sink = progress_sink
         self.watch = watch
+        self.ports = ports
         self.starts: dict[str, list[float]] = {}  # seconds to healthy of every start, per profile
         self._served: dict[str, Served] = {}  # insertion order = least recently used first
         self._placement: dict[str, Placement] = {}
@@ -211,26 +222,28 @@ class ServerPool:
         else:
             local = Path(profile.model)
             model, vocab = profile.model, vocab_size_of(local) if local.is_dir() else None
-        port = free_port()
         env = dict(profile.env)
         if spot.gpus:
             env.update(pin_gpus(spot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
-        server = LaunchedServer(
-            profile.name,
-            profile.argv(model, "127.0.0.1", port, generated),
-            port=port,
-            log_path=self.log_dir / f"{profile.name}{_nth(len(self.starts.get(profile.name, [])))}.log",
-            env=env,
-        )
+        log_path = self.log_dir / f"{profile.name}{_nth(len(self.starts.get(profile.name, [])))}.log"
         timeout = min(self.timeout_s, profile.startup_timeout_s or self.timeout_s)
         with self.watch(spot.gpus) if self.watch is not None else contextlib.nullcontext([]) as health:
-            server.start()
-            log.info("started %s on %s (health timeout %.0f s)", server.describe(), spot.gpus or "cpu", timeout)
-            try:
-                startup = server.wait_healthy(timeout)  # stops the server itself when it fails
-            except BaseException:
-                server.stop()  # interrupted while starting: leave nothing behind
-                raise
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                port = self.ports()
+                server = LaunchedServer(profile.name, profile.argv(model, "127.0.0.1", port, generated), port=port,
+                                        log_path=log_path, env=env)
+                server.start()
+                log.info("started %s on %s (health timeout %.0f s)", server.describe(), spot.gpus or "cpu", timeout)
+                try:
+                    startup = server.wait_healthy(timeout)  # stops the server itself when it fails
+                    break
+                except PortTaken as exc:
+                    if attempt == PORT_ATTEMPTS:
+                        raise
+                    log.warning("%s; starting it again on another port", str(exc).splitlines()[0])
+                except BaseException:
+                    server.stop()  # interrupted while starting: leave nothing behind
+                    raise
         unhealthy = tuple(r for report in health if not report.ok for r in report.reasons)
         self.starts.setdefault(profile.name, []).append(startup)
         log.info("%s healthy after %.1f s", server.describe(), startup)

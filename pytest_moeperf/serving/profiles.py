@@ -47,6 +47,8 @@ TARGETS = (TINY_MOE, *KIMI_SHAPED)  # generated models a profile may serve (with
 VLLM_DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
 TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
+#: vLLM options that move the server's bind; moeperf sets host and port itself (loopback, a port it chose)
+BIND_OPTIONS = ("--host", "--port", "--uds", "--config")
 
 
 class ProfileError(ValueError):
@@ -135,10 +137,6 @@ class ServeProfile:
             model_path,
             "--served-model-name",
             self.served_model_name,
-            "--host",
-            host,
-            "--port",
-            str(port),
             "--tensor-parallel-size",
             str(self.tp),
             "--max-model-len",
@@ -157,7 +155,7 @@ class ServeProfile:
                     raise ProfileError(f"profile {self.name!r}: generated draft {draft!r} has no directory")
                 spec["model"] = generated[draft]
             argv += ["--speculative-config", json.dumps(spec, sort_keys=True)]
-        return argv
+        return argv + ["--host", host, "--port", str(port)]  # last: the bind is moeperf's, whatever came before
 
 
 def workload_misfit(profile: ServeProfile, input_len: int, output_len: int, what: str) -> str | None:
@@ -249,6 +247,7 @@ def _from_json(path: Path) -> ServeProfile:
     args = get("vllm_args", list, [])
     if not all(isinstance(a, str) for a in args):
         raise ProfileError(f"{path}: field 'vllm_args' must be a list of strings")
+    _refuse_bind_options(path, args)
     env = get("env", dict, {})
     if not all(isinstance(v, str) for v in env.values()):
         raise ProfileError(f"{path}: field 'env' must map names to strings")
@@ -282,6 +281,18 @@ def _from_json(path: Path) -> ServeProfile:
         description=get("description", str, ""),
         requests=get("requests", int, None),
     )
+
+
+def _refuse_bind_options(path: Path, args: Sequence[str]) -> None:
+    """A profile may not move the server's bind: moeperf binds it to 127.0.0.1 on a port it chose, and says so.
+    argparse takes an unambiguous prefix for the whole option (``--hos``), and vLLM spells ``_`` as ``-``."""
+    for arg in args:
+        flag = arg.split("=", 1)[0].replace("_", "-")
+        if flag.startswith("--") and len(flag) > 2 and any(option.startswith(flag) for option in BIND_OPTIONS):
+            raise ProfileError(
+                f"{path}: field 'vllm_args': {arg!r} is not allowed: moeperf binds the server to 127.0.0.1 on a "
+                f"port it chooses, and {', '.join(BIND_OPTIONS)} (a --config file can set them) would move it"
+            )
 
 
 def _opt_float(path: Path, table: Mapping[str, Any], key: str) -> float | None:

@@ -1,6 +1,8 @@
 """A vLLM OpenAI-compatible server: launched on a free loopback port in its own process group, or attached.
 
-Launch waits on ``GET /health`` with a timeout and, on failure, raises with the tail of the server log.
+Launch waits on ``GET /health`` with a timeout and, on failure, raises with the tail of the server log. A
+``/health`` answer counts only when the server's own process session holds the listening socket: a port taken
+by another process before the server bound it raises :class:`PortTaken` (the pool starts again on a fresh port).
 ``stop()`` tears down the whole process group (SIGTERM, then SIGKILL). ``check_alive()`` is the liveness
 check the load generator runs beside a measured window: a launched server that exited, or an attached one
 that stopped answering ``/health``, raises :class:`ServerDied` at once with the log tail.
@@ -12,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,21 +22,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["AttachedServer", "LaunchedServer", "ServerDied", "ServerStartError", "free_port", "http_get"]
+from pytest_moeperf.serving.ports import ADDRESS_IN_USE, free_port, session_listens
+
+__all__ = ["AttachedServer", "LaunchedServer", "PortTaken", "ServerDied", "ServerStartError", "free_port", "http_get"]
 
 
 class ServerStartError(RuntimeError):
     """The server did not become healthy; the message carries the reason and the log tail."""
 
 
+class PortTaken(ServerStartError):
+    """Another process took the server's port before the server bound it: worth a start on another port."""
+
+
 class ServerDied(RuntimeError):
     """The server went away while it was in use; the message carries the reason and the log tail."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
@@ -92,23 +93,39 @@ class LaunchedServer:
         )
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
-        """Seconds until ``/health`` answered 200; raises :class:`ServerStartError` (and stops) otherwise."""
+        """Seconds until ``/health`` answered 200 from this server (its own session listens on the port); raises
+        :class:`PortTaken` when another process had taken the port, :class:`ServerStartError` otherwise (and
+        stops the server either way)."""
         t0 = time.monotonic()
+        impostor = False
         while True:
             rc = self.returncode()
             if rc is not None:
                 self.stop()
+                if self._lost_port():
+                    raise PortTaken(f"{self.describe()} exited with code {rc} while starting: port {self.port} was "
+                                    f"taken by another process before the server bound it ({ADDRESS_IN_USE})\n"
+                                    f"{self.log_tail()}")
                 raise ServerStartError(f"{self.describe()} exited with code {rc} while starting\n{self.log_tail()}")
             status, _ = http_get(self.base_url + "/health", timeout_s=2.0)
+            if status == 200 and self.pid is not None and session_listens(self.pid, self.port) is False:
+                impostor, status = True, 0  # another process answers on our port: ours has not bound it
             if status == 200:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout_s:
                 self.stop()
+                seen = (f"another process answers on port {self.port}" if impostor
+                        else f"last /health status {status}")
                 raise ServerStartError(
-                    f"{self.describe()} not healthy after {timeout_s:.0f} s (last /health status {status})\n"
-                    f"{self.log_tail()}"
+                    f"{self.describe()} not healthy after {timeout_s:.0f} s ({seen})\n{self.log_tail()}"
                 )
             time.sleep(poll_s)
+
+    def _lost_port(self) -> bool:
+        try:
+            return ADDRESS_IN_USE in self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
 
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()

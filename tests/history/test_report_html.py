@@ -180,3 +180,21 @@ def test_html_shows_a_gpu_topology_and_the_extra_tables_escaped_in_svg() -> None
     assert text.count("RTX PRO 6000") >= 8, "one row per GPU"
     assert "Decode-step budget &lt;tp8&gt;" in text and "experts &amp; router" in text
     assert page.headers[-2:] == ["component", "share"]
+
+
+def test_the_html_report_gets_the_mode_of_every_other_report(pytester: pytest.Pytester, run_moeperf: Any) -> None:
+    """It was written 0600 (mkstemp's mode) while the JSON and Markdown reports were 0666 less the umask (issue 22,
+    item 9): an HTML report published from CI or shared on a box could not be read by anyone else."""
+    import os
+    import stat
+
+    pytester.makepyfile(test_suite=SUITE)
+    old = os.umask(0o022)
+    try:
+        result = run_moeperf("--moeperf-update", "-k", "decode_step", "--moeperf-html", "out/report.html",
+                             "--moeperf-report", "out/report.json")
+    finally:
+        os.umask(old)
+    result.assert_outcomes(passed=1, deselected=1)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (pytester.path / "out").iterdir()}
+    assert modes == {"report.html": 0o644, "report.json": 0o644}, modes  # and no temporary file left beside them

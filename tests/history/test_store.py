@@ -90,6 +90,34 @@ def test_targets_and_keys() -> None:
         parse_target("mysql://u@h/db")
     assert sqlite_path("sqlite:////abs/h.sqlite") == Path("/abs/h.sqlite")
     assert redact("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+
+
+@pytest.mark.parametrize(("target", "shown"), [
+    ("postgresql://u:pw@h:5432/db", "postgresql://u:***@h:5432/db"),
+    ("postgresql://u@h/db?password=pw&sslmode=require", "postgresql://u@h/db?password=***&sslmode=require"),
+    ("postgres://h/db?user=u&sslpassword=pw", "postgres://h/db?user=u&sslpassword=***"),
+    ("postgresql:///db?host=/run/pg&PASSWORD=pw", "postgresql:///db?host=/run/pg&PASSWORD=***"),
+    ("postgresql://h/db?pass%77ord=pw", "postgresql://h/db?pass%77ord=***"),  # libpq decodes the key too
+    ("postgresql://u:p%40w@h/db?password=p:w@x", "postgresql://u:***@h/db?password=***"),
+    ("postgresql://h/db?application_name=a@b", "postgresql://h/db?application_name=a@b"),
+    ("history.sqlite", "history.sqlite"),
+])
+def test_a_password_is_never_shown(target: str, shown: str) -> None:
+    """In the user information and in the query (``?password=``, ``sslpassword=``): issue 22, item 9."""
+    assert redact(target) == shown
+
+
+def test_a_session_never_prints_the_password_of_its_history(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                            tmp_path: Path) -> None:
+    pytest.importorskip("psycopg")
+    pytester.makepyfile("def test_t(perf):\n    perf.record('t', [1.0, 1.1, 0.9], unit='us')\n")
+    url = f"postgresql://moeperf@/db?host={tmp_path}&port=1&connect_timeout=2&password=hunter2&sslpassword=hunter3"
+    result = run_moeperf("--moeperf-history", url, "-W", "always")
+    result.assert_outcomes(passed=1)
+    output = result.stdout.str() + result.stderr.str()
+    assert "moeperf history not written: cannot open history postgresql://moeperf@/db?" in output, output
+    assert "password=***" in output and "sslpassword=***" in output
+    assert "hunter" not in output, output
     keys = ["a.py::t[bf16-4096]::tflops", "a.py::t[fp8-4096]::tflops", "b.py::u::latency"]
     assert match_keys(keys, ["a.py::t[bf16-4096]::tflops"]) == [keys[0]], "brackets are no character class"
     assert match_keys(keys, ["*::tflops", "latency"]) == [keys[0], keys[1], keys[2]]

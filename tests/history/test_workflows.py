@@ -1,8 +1,10 @@
 """The GitHub workflows: valid against GitHub's workflow schema (check-jsonschema ships it and runs offline), no
-GPU job for a fork's pull request, a baseline update that opens a reviewed pull request, reports as artifacts."""
+GPU job for a fork's pull request, a baseline update that opens a reviewed pull request, reports as artifacts,
+least-privilege token permissions, and every action pinned to a commit (a tag can be moved to other code)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,10 @@ import yaml
 
 WORKFLOWS = sorted((Path(__file__).resolve().parents[2] / ".github" / "workflows").glob("*.yml"))
 FORK_GUARD = "github.event.pull_request.head.repo.full_name == github.repository"
+#: the token each workflow needs, no more: read the code; the baseline update pushes a branch and opens a PR
+PERMISSIONS = {"ci.yml": {"contents": "read"}, "gpu.yml": {"contents": "read"},
+               "baselines-update.yml": {"contents": "write", "pull-requests": "write"}}
+PINNED = re.compile(r"[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -98,3 +104,38 @@ def test_gpu_workflows_install_a_pinned_vllm_and_fail_without_it(name: str) -> N
     assert "import vllm" in runs[install], "a missing vLLM fails the job instead of skipping its suites"
     suites = next(i for i, r in enumerate(runs) if "tox -e suites -- " in r)
     assert install < suites
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_workflow_declares_least_privilege_permissions(path: Path) -> None:
+    """Without a ``permissions:`` block a job gets the repository's default token, which may write (issue 22,
+    item 10)."""
+    doc = load(path)
+    assert doc.get("permissions") == PERMISSIONS[path.name], f"{path.name}: permissions {doc.get('permissions')!r}"
+    for name, job in doc["jobs"].items():
+        granted = job.get("permissions", {})
+        assert isinstance(granted, dict) and all(PERMISSIONS[path.name].get(k) == v for k, v in granted.items()), (
+            f"{path.name}: job {name} widens the workflow's permissions: {granted!r}")
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_action_is_pinned_to_a_commit_with_its_tag_beside_it(path: Path) -> None:
+    """``uses: owner/action@<40 hex>  # vX.Y.Z``: a tag can be moved to other code, a commit cannot; the comment
+    says which release the commit is (issue 22, item 10)."""
+    lines = path.read_text().splitlines()
+    uses = [str(step["uses"]) for step in steps(load(path)) if "uses" in step]
+    uses += [str(job["uses"]) for job in load(path)["jobs"].values() if "uses" in job]  # reusable workflows
+    assert uses, f"{path.name} uses no action"
+    for action in uses:
+        assert action.startswith("./") or PINNED.fullmatch(action), f"{path.name}: {action} is not pinned to a commit"
+        for line in (line for line in lines if line.split("#", 1)[0].strip().endswith(f"uses: {action}")):
+            assert re.search(r"#\s*v\d+(\.\d+)*\s*$", line), f"{path.name}: {line.strip()!r} names no release tag"
+
+
+def test_checkouts_that_run_untrusted_code_keep_no_token() -> None:
+    """The CI and GPU jobs run a pull request's code after the checkout: the token is not left in .git/config for
+    it (the baseline update keeps it: it pushes its branch)."""
+    for name in ("ci.yml", "gpu.yml"):
+        doc = load(next(p for p in WORKFLOWS if p.name == name))
+        checkouts = [s for s in steps(doc) if str(s.get("uses", "")).startswith("actions/checkout@")]
+        assert checkouts and all(s.get("with", {}).get("persist-credentials") is False for s in checkouts), name

@@ -203,3 +203,33 @@ def test_regression_message_names_the_software_that_changed(pytester: pytest.Pyt
     result = run_moeperf()
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*software changed since the baseline: nccl 2.21.5 -> -*"])
+
+
+HUGE = """
+def test_huge(perf):
+    perf.record("big", [1e308, 1e308, 1.5e308], unit="us")  # the sum overflows; the mean and the spread do not
+    perf.record("ok", [1.0, 1.1, 0.9], unit="us")
+
+def test_unusable(perf):
+    perf.record("wild", [-1.7e308, 1.7e308], unit="us")  # its standard deviation is beyond the largest float
+    perf.record("kept", [3.0, 3.1, 2.9], unit="us")
+
+def test_other(perf):
+    perf.record("fine", [2.0, 2.1, 1.9], unit="us")
+"""
+
+
+def test_huge_samples_never_block_the_update_of_other_metrics(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    """``[1e308, 1e308]`` overflowed the mean, the baseline writer refused the non-finite summary and no metric of the
+    session was written (issue 22, item 9). A summary of finite samples is finite; a metric whose spread really is
+    beyond floating point is refused alone, INCONCLUSIVE with a reason that names it."""
+    pytester.makepyfile(test_huge=HUGE)
+    result = run_moeperf("--moeperf-update", "-rs")
+    result.assert_outcomes(passed=3)
+    assert "baselines not updated" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*INCONCLUSIVE*test_unusable::wild: *'wild'*stddev*beyond the largest float*"])
+    stored = json.loads(next((pytester.path / "baselines").glob("*/test_huge.json")).read_text())["metrics"]
+    assert sorted(stored) == ["test_huge.py::test_huge::big", "test_huge.py::test_huge::ok",
+                              "test_huge.py::test_other::fine", "test_huge.py::test_unusable::kept"]
+    big = stored["test_huge.py::test_huge::big"]["summary"]
+    assert big["median"] == 1e308 and big["mean"] == pytest.approx(1.1666666e308, rel=1e-5) and big["stddev"] > 0

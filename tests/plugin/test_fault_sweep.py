@@ -162,7 +162,8 @@ def test_report_json_has_one_shape_with_and_without_rounds(pytester: pytest.Pyte
     pytester.makepyfile(test_h=LAT)
     run_moeperf("--moeperf-report", "plain.json", "--moeperf-history", "off")
     run_moeperf("--moeperf-report", "rounds.json", "--moeperf-rounds", "2", "--moeperf-history", "off")
-    plain, rounds = (json.loads((pytester.path / name).read_text())["moeperf"] for name in ("plain.json", "rounds.json"))
+    plain, rounds = (json.loads((pytester.path / name).read_text())["moeperf"]
+                     for name in ("plain.json", "rounds.json"))
 
     def shape(value: object) -> object:
         if isinstance(value, dict):

@@ -143,3 +143,68 @@ def test_deadline_lets_a_test_reuse_finished_work_and_skips_new_work(run_moeperf
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_deadline.py:23: --moeperf-deadline 1 s passed*"])  # test_c
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *runtime.py:*: --moeperf-deadline 1 s passed*"])  # test_d
     result.stdout.fnmatch_lines(["*test_b_reuses_it::x_again*NEW"])
+
+
+BAD_REQUIREMENT_MARKERS = """
+import pytest
+
+@pytest.mark.requires(42)
+def test_requires_a_number():
+    pass
+
+@pytest.mark.requires()
+def test_requires_nothing():
+    pass
+
+@pytest.mark.requires("not a module")
+def test_requires_a_sentence():
+    pass
+
+@pytest.mark.gpus(-1)
+def test_negative_gpus():
+    pass
+
+@pytest.mark.compute_capability(-9)
+def test_negative_capability():
+    pass
+
+@pytest.mark.requires("surely_not_a_package_xyz.sub")
+def test_missing_parent_package():
+    pass
+
+@pytest.mark.requires("json.surely_not_a_submodule_xyz")
+def test_missing_submodule():
+    pass
+
+@pytest.mark.requires("json.decoder")
+def test_present_submodule():
+    pass
+
+@pytest.mark.requires("broken_pkg_xyz.sub")
+def test_broken_parent_package():
+    pass
+"""
+
+
+def test_bad_requirement_arguments_error_that_test_and_a_missing_parent_package_skips(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf) -> None:
+    """`requires(42)` and `requires("pkg.sub")` with `pkg` missing were an INTERNALERROR of the whole session, and
+    `gpus(-1)` was accepted (issue 22, item 6)."""
+    pytester.makepyfile(test_bad_req=BAD_REQUIREMENT_MARKERS)
+    pytester.mkpydir("broken_pkg_xyz").joinpath("__init__.py").write_text("raise RuntimeError('half installed')\n")
+    pytester.syspathinsert()
+    result = run_moeperf("-rs", "--moeperf-topology", "8x-rtx-pro-6000-pcie")
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=1, skipped=2, errors=6)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines_random([
+        "*test_requires_a_number: bad marker: requires: a module name must be a string, got 42*",
+        "*test_requires_nothing: bad marker: requires: name at least one module*",
+        "*test_requires_a_sentence: bad marker: requires: 'not a module' is not a module name*",
+        "*test_negative_gpus: bad marker: gpus: n (the number of GPUs) must be >= 0, got -1*",
+        "*test_negative_capability: bad marker: compute_capability: major must be >= 0, got -9*",
+        "*requires importable module(s) surely_not_a_package_xyz.sub, not installed*",
+        "*requires importable module(s) json.surely_not_a_submodule_xyz, not installed*",
+        "*test_broken_parent_package: requires('broken_pkg_xyz.sub'): importing its parent package raised"
+        " RuntimeError: half installed*",
+    ])

@@ -308,3 +308,23 @@ def test_provenance_without_a_commit_is_unknown_not_clean(tmp_path: Path) -> Non
 
     info = git_commit_info(tmp_path)  # not a git checkout
     assert info["id"] is None and info["dirty"] is None
+
+
+@pytest.mark.parametrize("values", [[1e308, 1e308], [1e308, 1.5e308, 1.7e308], [-1.7e308, -1e308],
+                                    [1.7e308, -1.7e308], [5e-324, 5e-324, 1e-320], [1.0, 2.0, 4.0]])
+def test_statistics_of_finite_samples_do_not_overflow(values: list[float]) -> None:
+    """Issue 22, item 9: the sum of [1e308, 1e308] is inf, its mean is not."""
+    import statistics
+
+    assert stats.mean(values) == pytest.approx(statistics.fmean(v / 1e300 for v in values) * 1e300, rel=1e-12)
+    assert min(values) <= stats.mean(values) <= max(values)
+    assert stats.median(values) == pytest.approx(statistics.median(v / 1e300 for v in values) * 1e300, rel=1e-12)
+    assert math.isfinite(stats.quantile(values, 0.25)) and math.isfinite(stats.quantile(values, 0.75))
+    spread = stats.stddev(values)
+    assert spread == pytest.approx(statistics.stdev(v / 1e300 for v in values) * 1e300, rel=1e-9, abs=1e-300)
+    assert stats.stddev([1e308, 1e308]) == 0.0 and stats.quantile([1e308, 1e308], 0.3) == 1e308
+
+
+def test_a_summary_says_which_of_its_numbers_is_beyond_floating_point() -> None:
+    assert stats.non_finite(stats.summarize([1e308, 1e308])) == ()
+    assert stats.non_finite(stats.summarize([-1.7e308, 1.7e308])) == ("stddev",)  # 2.4e308; its IQR is 1.7e308

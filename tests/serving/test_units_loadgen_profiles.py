@@ -90,6 +90,12 @@ def test_repo_profiles_load_and_gpu_profiles_skip_here() -> None:
         ({"name": "p", "model": "m", "bogus": 1}, "unknown field"),
         ({"name": "p", "model": "m", "thresholds": {"min_speedup": -1}}, "positive"),
         ({"name": "p", "model": "m", "reference": "nope"}, "no profile"),
+        # moeperf owns the bind: loopback, on the port it chose (issue 22, item 8)
+        ({"name": "p", "model": "m", "vllm_args": ["--host", "0.0.0.0"]}, "p.json: field 'vllm_args': '--host'"),
+        ({"name": "p", "model": "m", "vllm_args": ["--port=8000"]}, "'vllm_args': '--port=8000' .*moeperf binds"),
+        ({"name": "p", "model": "m", "vllm_args": ["--hos", "0.0.0.0"]}, "'vllm_args': '--hos' "),  # an abbreviation
+        ({"name": "p", "model": "m", "vllm_args": ["--uds", "/tmp/s"]}, "'vllm_args': '--uds' "),
+        ({"name": "p", "model": "m", "vllm_args": ["--config", "c.yaml"]}, "'vllm_args': '--config' .*host"),
     ],
 )
 def test_profile_errors_name_file_and_field(tmp_path: Path, content: dict[str, object], message: str) -> None:

@@ -6,7 +6,7 @@ from pytest_moeperf.kernels.budget.calc import NOT_MODELLED, Budget, build_budge
 from pytest_moeperf.kernels.budget.inputs import inputs_from_measurements
 from pytest_moeperf.kernels.models import get_model
 from pytest_moeperf.ledger import Measurement, Section
-from pytest_moeperf.reports.render import markdown_table
+from pytest_moeperf.reports.markdown import markdown_table, md_text
 
 __all__ = ["budget_lines", "budget_section", "budget_sections_from", "budget_table"]
 
@@ -34,7 +34,7 @@ def _by_component(budget: Budget) -> list[tuple[str, float, float]]:
 def budget_lines(budget: Budget) -> list[str]:
     """A Markdown rendering (title, op table, per-component summary, caveats)."""
     columns, rows = budget_table(budget)
-    lines = [f"## Decode-step budget: {budget.model}, TP={budget.tp}, batch={budget.batch}", ""]
+    lines = [f"## Decode-step budget: {md_text(budget.model)}, TP={budget.tp}, batch={budget.batch}", ""]
     lines += markdown_table(columns, rows)
     lines += [""] + markdown_table(("component", "total (us)", "share %"),
                                    [(c, f"{t:.4g}", f"{s:.1f}") for c, t, s in _by_component(budget)])
