@@ -8,6 +8,7 @@ within ±2 %. Each child session takes 1–3 s on a loaded 2-core box; the file 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -54,9 +55,10 @@ def suite(tmp_path: Path) -> Path:
 
 def test_a_slower_head_is_regressed_after_extra_pairs_of_its_test_alone(suite: Path) -> None:
     # looks at 6 and 8 pairs, alpha 0.1 / 2 looks = 0.05 a look
+    html = ("--html", "r.html") if importlib.util.find_spec("matplotlib") else ()  # the history extra draws it
     done = moeperf_ab("--head-env", "MOEPERF_TEST_SCALE=1.10", "--pairs", "6", "--max-pairs", "8", "--alpha", "0.1",
-                      "--seed", "1", "-q", "--report", "r.json", "--markdown", "s.md", "--junitxml", "j.xml", "--",
-                      "test_syn.py", *PYTEST, cwd=suite)
+                      "--seed", "1", "-q", "--report", "r.json", "--markdown", "s.md", "--junitxml", "j.xml", *html,
+                      "--", "test_syn.py", *PYTEST, cwd=suite)
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     # 6 pairs: p = 2/64 for latency, but the false-discovery control over 2 metrics doubles it (q = 0.0625)
@@ -85,6 +87,9 @@ def test_a_slower_head_is_regressed_after_extra_pairs_of_its_test_alone(suite: P
     assert "### Regressions" in summary and "### A/B sides" in summary and "MOEPERF_TEST_SCALE=1.10" in summary
     suite_xml = ElementTree.parse(suite / "j.xml").getroot().find("testsuite")
     assert suite_xml is not None and suite_xml.get("failures") == "1" and suite_xml.get("tests") == "2"
+    if html:
+        page = (suite / "r.html").read_text()
+        assert "A/B sides" in page and "REGRESSED" in page
 
 
 def test_a_a_calibration_finds_no_regression(suite: Path) -> None:
