@@ -71,6 +71,7 @@ class LaunchedServer:
         self.base_url = f"http://{host}:{port}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._started = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -90,25 +91,35 @@ class LaunchedServer:
             env={**os.environ, **self.env},
             start_new_session=True,  # own process group: stop() reaches the engine workers too
         )
+        self._started = time.monotonic()
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
-        """Seconds until ``/health`` answered 200; raises :class:`ServerStartError` (and stops) otherwise."""
-        t0 = time.monotonic()
+        """Seconds from `start` until ``/health`` answered 200; raises :class:`ServerStartError` (and stops)
+        otherwise."""
         while True:
-            rc = self.returncode()
-            if rc is not None:
-                self.stop()
-                raise ServerStartError(f"{self.describe()} exited with code {rc} while starting\n{self.log_tail()}")
-            status, _ = http_get(self.base_url + "/health", timeout_s=2.0)
-            if status == 200:
-                return time.monotonic() - t0
-            if time.monotonic() - t0 > timeout_s:
-                self.stop()
-                raise ServerStartError(
-                    f"{self.describe()} not healthy after {timeout_s:.0f} s (last /health status {status})\n"
-                    f"{self.log_tail()}"
-                )
+            took = self.check_start(timeout_s)
+            if took is not None:
+                return took
             time.sleep(poll_s)
+
+    def check_start(self, timeout_s: float) -> float | None:
+        """One look at a starting server: seconds from `start` to now once ``/health`` answers 200, None while it
+        is still starting; raises :class:`ServerStartError` (and stops it) when it exited or ran out of time."""
+        rc = self.returncode()
+        if rc is not None:
+            self.stop()
+            raise ServerStartError(f"{self.describe()} exited with code {rc} while starting\n{self.log_tail()}")
+        status, _ = http_get(self.base_url + "/health", timeout_s=2.0)
+        took = time.monotonic() - self._started
+        if status == 200:
+            return took
+        if took > timeout_s:
+            self.stop()
+            raise ServerStartError(
+                f"{self.describe()} not healthy after {timeout_s:.0f} s (last /health status {status})\n"
+                f"{self.log_tail()}"
+            )
+        return None
 
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
