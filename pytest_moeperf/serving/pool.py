@@ -25,6 +25,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -174,7 +175,8 @@ class ServerPool:
             server.wait_healthy(min(self.timeout_s, 60.0))
             self._served[name] = fresh = Served(profile=profile, server=server, vocab_size=None,
                                                 progress_sink=self.progress_sink,
-                                                server_pids=self._adopt_attached(profile.attached_url))
+                                                server_pids=self._adopt_attached(profile.attached_url),
+                                                first_seed=1 + secrets.randbelow(1 << 30))
             return fresh
         reason = self._blocker(profile)
         if reason is not None:

@@ -78,7 +78,13 @@ class Served:
     server_pids: tuple[int, ...] = ()
     #: the window shapes (`warm.shape_key`) this server has run a warm pass of since it started
     warmed: set[ShapeKey] = field(default_factory=set, compare=False, repr=False)
-    _seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1), compare=False, repr=False)
+    #: the first of `fresh_seed`'s seeds: 1 for a server this session started (its cache is empty), a value drawn
+    #: per session for an attached one (its prefix cache may hold an earlier session's prompts)
+    first_seed: int = 1
+    _seeds: Iterator[int] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_seeds", itertools.count(self.first_seed))
 
     @property
     def base_url(self) -> str:
@@ -102,9 +108,9 @@ class Served:
         )
 
     def fresh_seed(self) -> int:
-        """A seed no earlier window of this server used (1, 2, … in the order asked): random prompts that this
-        server has not seen, so that vLLM's prefix cache (on by default) cannot shorten a window's prefills with
-        an earlier window's or warm pass's blocks."""
+        """A seed no earlier window of this server used (``first_seed``, then the next, … in the order asked): random
+        prompts that this server has not seen, so that vLLM's prefix cache (on by default) cannot shorten a window's
+        prefills with an earlier window's or warm pass's blocks."""
         return next(self._seeds)
 
     def random_requests(self, count: int, input_len: int, output_len: int, *, seed: int = 0) -> list[Request]:

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("psutil")
 
 from pytest_moeperf.health import HealthGate, HealthLimits, foreign_cpu  # noqa: E402
-from pytest_moeperf.health_probes import sample_host  # noqa: E402
+from pytest_moeperf.health_probes import GpuSample, sample_host  # noqa: E402
 from pytest_moeperf.serving.attach import listening_pids  # noqa: E402
 
 # the grandchild: listens on a free port, writes "pid port", then keeps one core busy until told to stop
@@ -82,12 +82,21 @@ def test_an_adopted_process_is_ours_for_the_health_gate(foreign_listener: tuple[
         time.sleep(0.3)
         return {ident[0] for ident in foreign_cpu(start, sample_host(gate.roots))}
 
+    def gpu_reasons() -> list[str]:
+        """The gate's GPU verdict on samples where the process holds a compute context on GPU 0 (NVML's figures,
+        as a sample records them; there is no GPU here)."""
+        held = [GpuSample(index=0, monotonic=0.0, compute_pids=(pid,))]
+        report = gate.judge(sample_host(gate.roots), sample_host(gate.roots), held, held)
+        return [r for r in report.reasons if r.startswith("gpu0")]
+
     assert pid in foreign_pids()
+    assert gpu_reasons() == [f"gpu0: other compute process(es) on the GPU: pid {pid}"]
     gate.adopt([pid])
     gate.adopt([pid])  # adopting twice keeps one root
     assert gate.roots == (os.getpid(), pid)
     assert pid not in foreign_pids()
     assert any(ident[0] == pid for ident in sample_host(gate.roots).ours)
+    assert gpu_reasons() == []  # its GPU work is ours too
 
 
 def test_server_pid_option_is_checked(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
