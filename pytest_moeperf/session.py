@@ -6,6 +6,7 @@ travel to the controller in the report's ``user_properties`` (pytest-xdist), whe
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Generator
 from typing import Any
 
@@ -31,7 +32,7 @@ class MoePerfSession(Conclusion):
         s = self.settings
         return resolve_threshold(threshold_marker(item), s.tolerance, tolerance=metric.tolerance,
                                  abs_tolerance=metric.abs_tolerance, default_noise_k=s.noise_k,
-                                 quiet_floor=s.quiet_floor)
+                                 quiet_floor=s.quiet_floor if s.quiet_floor < math.inf else None)
 
     def _wants_round(self, item: pytest.Item, perf: Perf) -> bool:
         """Whether another round can settle a metric of this test (a bad baseline or argument cannot be)."""

@@ -184,7 +184,7 @@ class Settings:
     noise_k: float
     rounds: int
     confirm: int
-    quiet_floor: float | None
+    quiet_floor: float  # inf: off
     host_id: str | None
     accept_shift: bool
     health: bool
