@@ -1,5 +1,5 @@
-"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget`` (and the wings'
-``history``, ``trend``, ``attribute``, ``serve``)."""
+"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget``, ``ab`` (and the
+wings' ``history``, ``trend``, ``attribute``, ``serve``)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("attribute", help="per-component decode-step time from a vLLM profiler trace", add_help=False)
     sub.add_parser("serve", help="start the vLLM server a serve profile describes, until interrupted",
                    add_help=False)
+    sub.add_parser("ab", help="base against head on this box: interleaved pytest processes, judged paired",
+                   add_help=False)
     return parser
 
 
@@ -167,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf.attribution.cli import main_attribute
 
         return main_attribute(args_list[1:])
+    if args_list[:1] == ["ab"]:
+        from pytest_moeperf.ab.cli import main_ab
+
+        return main_ab(args_list[1:])
     if args_list[:1] == ["serve"]:
         from pytest_moeperf.serving.cli import main_serve
 

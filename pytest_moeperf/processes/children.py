@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pytest_moeperf.ledger import Ledger
 from pytest_moeperf.reports.document import ledger_of
@@ -31,6 +32,7 @@ class ChildResult:
     stderr: str
     ledger: Ledger | None  # None: the child wrote no readable report
     problem: str = ""  # why there is no ledger
+    document: Mapping[str, Any] | None = None  # the child's whole report (provenance: versions, git commit)
 
     @property
     def last_line(self) -> str:
@@ -68,12 +70,14 @@ def run_child(args: Sequence[str], cwd: Path, env: Mapping[str, str], python: st
             raise
         err.seek(0)
         stderr = err.read()
+        document: Mapping[str, Any] | None = None
         try:
-            ledger: Ledger | None = ledger_of(json.loads(report.read_text()))
-            problem = ""
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            loaded = json.loads(report.read_text())
+            ledger: Ledger | None = ledger_of(loaded)
+            document, problem = loaded, ""
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             ledger, problem = None, f"no readable report ({type(exc).__name__}: {exc})"
-        return ChildResult(proc.returncode, "".join(out), stderr, ledger, problem)
+        return ChildResult(proc.returncode, "".join(out), stderr, ledger, problem, document)
 
 
 def only_file(directory: Path, nodeids: Sequence[str]) -> Path:

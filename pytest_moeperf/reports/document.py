@@ -17,10 +17,13 @@ BENCHMARK_JSON_VERSION = "5.2.3"  # the pytest-benchmark report version whose sc
 
 
 def document(ledger: Ledger, machine_info: dict[str, Any], commit_info: dict[str, Any],
-             moeperf: Mapping[str, Any]) -> dict[str, Any]:
-    """The report of ``ledger``; ``moeperf`` adds session facts (fingerprint, host, update) beside the ledger."""
+             moeperf: Mapping[str, Any], samples: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
+    """The report of ``ledger``; ``moeperf`` adds session facts (fingerprint, host, update) beside the ledger.
+    ``samples``: each metric's ``stats.data`` when it is not every round's samples pooled (``moeperf ab``: the head
+    side's process medians, which its verdicts summarise)."""
     contexts = {k: dict(r.metric.context) for k, r in ledger.records.items()}
-    samples = {k: [x for rnd in r.rounds for x in rnd.samples] for k, r in ledger.records.items()}
+    if samples is None:
+        samples = {k: [x for rnd in r.rounds for x in rnd.samples] for k, r in ledger.records.items()}
     doc = benchmark_json(ledger.verdicts, contexts, samples, machine_info, commit_info, ledger.sections)
     doc["moeperf"] = {**ledger.to_json(), **moeperf}
     return doc
@@ -34,7 +37,7 @@ def ledger_of(doc: Mapping[str, Any]) -> Ledger:
     return Ledger.from_json(section)
 
 
-def benchmark_json(verdicts: Sequence[Verdict], contexts: dict[str, dict[str, Any]], samples: dict[str, list[float]],
+def benchmark_json(verdicts: Sequence[Verdict], contexts: dict[str, dict[str, Any]], samples: Mapping[str, list[float]],
                    machine_info: dict[str, Any], commit_info: dict[str, Any],
                    sections: Sequence[Section]) -> dict[str, Any]:
     """A report in the pytest-benchmark JSON schema (``pytest-benchmark compare`` reads it). Values keep the

@@ -16,8 +16,10 @@ import yaml
 WORKFLOWS = sorted((Path(__file__).resolve().parents[2] / ".github" / "workflows").glob("*.yml"))
 FORK_GUARD = "github.event.pull_request.head.repo.full_name == github.repository"
 #: the token each workflow needs, no more: read the code; the baseline update pushes a branch and opens a PR
-PERMISSIONS = {"ci.yml": {"contents": "read"}, "gpu.yml": {"contents": "read"},
+PERMISSIONS = {"ci.yml": {"contents": "read"}, "gpu.yml": {"contents": "read"}, "ab.yml": {"contents": "read"},
                "baselines-update.yml": {"contents": "write", "pull-requests": "write"}}
+#: a job that needs more than its workflow grants: only on a hosted runner, with no checkout (no code of the PR)
+JOB_GRANTS = {("ab.yml", "comment"): {"pull-requests": "write"}}
 PINNED = re.compile(r"[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}")
 
 
@@ -38,7 +40,7 @@ def steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_there_are_workflows_to_check() -> None:
-    assert {p.name for p in WORKFLOWS} >= {"ci.yml", "gpu.yml", "baselines-update.yml"}
+    assert {p.name for p in WORKFLOWS} >= {"ci.yml", "gpu.yml", "baselines-update.yml", "ab.yml"}
 
 
 def test_workflows_match_githubs_schema() -> None:
@@ -114,6 +116,11 @@ def test_every_workflow_declares_least_privilege_permissions(path: Path) -> None
     assert doc.get("permissions") == PERMISSIONS[path.name], f"{path.name}: permissions {doc.get('permissions')!r}"
     for name, job in doc["jobs"].items():
         granted = job.get("permissions", {})
+        if (path.name, name) in JOB_GRANTS:
+            assert granted == JOB_GRANTS[path.name, name], f"{path.name}: job {name}: {granted!r}"
+            assert not self_hosted(job) and not any("uses" in step for step in job.get("steps", [])), (
+                f"{path.name}: job {name} holds a write token: no checkout, no action, no self-hosted runner")
+            continue
         assert isinstance(granted, dict) and all(PERMISSIONS[path.name].get(k) == v for k, v in granted.items()), (
             f"{path.name}: job {name} widens the workflow's permissions: {granted!r}")
 
@@ -135,7 +142,61 @@ def test_every_action_is_pinned_to_a_commit_with_its_tag_beside_it(path: Path) -
 def test_checkouts_that_run_untrusted_code_keep_no_token() -> None:
     """The CI and GPU jobs run a pull request's code after the checkout: the token is not left in .git/config for
     it (the baseline update keeps it: it pushes its branch)."""
-    for name in ("ci.yml", "gpu.yml"):
+    for name in ("ci.yml", "gpu.yml", "ab.yml"):
         doc = load(next(p for p in WORKFLOWS if p.name == name))
         checkouts = [s for s in steps(doc) if str(s.get("uses", "")).startswith("actions/checkout@")]
         assert checkouts and all(s.get("with", {}).get("persist-credentials") is False for s in checkouts), name
+
+
+# ------------------------------------------------------------------------------------------------ ab.yml
+def evaluate(condition: str, context: dict[str, Any]) -> bool:
+    """A job's ``if:`` (the subset of GitHub's expressions these workflows use: ``github.*`` properties, string
+    literals, ``==``, ``!=``, ``&&``, ``||``, parentheses) in a context; a property not in it is null."""
+    text = " ".join(condition.split())
+    assert re.fullmatch(r"(github\.[\w.]+|'[^']*'|==|!=|&&|\|\||[() ])*", text), f"outside the subset: {text}"
+    python = re.sub(r"github\.[\w.]+", lambda m: repr(context.get(m.group(0))), text)
+    return bool(eval(python.replace("&&", " and ").replace("||", " or "), {"__builtins__": {}}))  # noqa: S307
+
+
+@pytest.mark.parametrize(("event", "repo", "action", "label", "runs"), [
+    ("pull_request", "org/repo", "opened", None, True),  # a branch of this repository: every push
+    ("pull_request", "org/repo", "synchronize", None, True),
+    ("pull_request", "org/repo", "labeled", "moeperf-ab", True),  # a maintainer asks again
+    ("pull_request", "org/repo", "labeled", "docs", False),  # another label: no second run of the same commit
+    ("pull_request", "fork/repo", "opened", None, False),  # a fork: never on its own
+    ("pull_request", "fork/repo", "synchronize", None, False),  # a push after the label: not until labelled again
+    ("pull_request", "fork/repo", "labeled", "docs", False),
+    ("pull_request", "fork/repo", "labeled", "moeperf-ab", True),  # a maintainer reviewed it and labelled it
+    ("workflow_dispatch", None, None, None, True),
+])
+def test_ab_runs_a_forks_code_only_after_a_maintainers_label(event: str, repo: str | None, action: str | None,
+                                                             label: str | None, runs: bool) -> None:
+    doc = load(next(p for p in WORKFLOWS if p.name == "ab.yml"))
+    context = {"github.event_name": event, "github.repository": "org/repo", "github.event.action": action,
+               "github.event.pull_request.head.repo.full_name": repo, "github.event.label.name": label}
+    assert evaluate(doc["jobs"]["ab"]["if"], context) is runs
+    assert set(doc["on"]["pull_request"]["types"]) == {"opened", "synchronize", "reopened", "labeled"}
+
+
+def test_ab_compares_the_reviewed_head_with_its_merge_base_and_fails_on_a_regression() -> None:
+    doc = load(next(p for p in WORKFLOWS if p.name == "ab.yml"))
+    job = doc["jobs"]["ab"]
+    assert self_hosted(job) and "gpu" in job["runs-on"]
+    [checkout] = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+    assert checkout["with"]["ref"].startswith("${{ github.event.pull_request.head.sha")  # not a later push
+    assert checkout["with"]["fetch-depth"] == 0 and checkout["with"]["persist-credentials"] is False
+    assert "github.event.pull_request.head.sha" in job["env"]["HEAD_REV"]
+    assert "github.event.pull_request.base.sha" in job["env"]["BASE_REV"]
+    runs = [str(s.get("run", "")) for s in job["steps"]]
+    [ab] = [r for r in runs if "moeperf ab" in r]
+    assert 'git merge-base "$BASE_REV" "$HEAD_REV"' in ab
+    assert '--base-ref "$base" --head-ref "$HEAD_REV"' in ab and "--markdown .tox/moeperf-ab.md" in ab
+    assert '>> "$GITHUB_STEP_SUMMARY"' in ab and ab.rstrip().endswith("exit $status"), "a regression fails the job"
+    assert "${{" not in "".join(runs + [str(s.get("run", "")) for s in doc["jobs"]["comment"]["steps"]]), (
+        "inputs and outputs reach the shell through env, never pasted into a script")
+    comment = doc["jobs"]["comment"]
+    assert "gh pr comment" in comment["steps"][0]["run"] and comment["needs"] == "ab"
+    assert FORK_GUARD in " ".join(comment["if"].split())  # a fork's token cannot comment: the job page has it
+    uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
+    assert uploads and all(s.get("if") == "always()" for s in uploads)
+    assert "moeperf-ab.json" in uploads[0]["with"]["path"]

@@ -1,0 +1,258 @@
+"""``moeperf ab [options] [-- pytest args…]``: base against head on the same box, interleaved and paired.
+
+Exit status: 0 no metric REGRESSED (and no test failed); 1 a metric REGRESSED or a test failed on a side; 2 bad
+input (an option, a side that cannot run pytest, pytest arguments that select nothing or that moeperf ab refuses);
+3 a side's session crashed (its output is shown); 130 interrupted (Ctrl-C: nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import random
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_moeperf.ab import adaptive, calibration, paired, report
+from pytest_moeperf.ab.runner import Runner, SideFailed, merged
+from pytest_moeperf.ab.sides import (
+    BASE,
+    HEAD,
+    Checkouts,
+    Side,
+    SideError,
+    SideSpec,
+    facts_of,
+    parse_env,
+    parse_python,
+)
+from pytest_moeperf.ab.verdicts import Outcome
+from pytest_moeperf.judging.verdict import Status
+from pytest_moeperf.ledger import Ledger
+from pytest_moeperf.settings.checks import at_least, describe, output_path, pvalue
+from pytest_moeperf.store import files
+
+DEFAULT_PAIRS = 10  # as Pinpoint's first attempts; then one more look at 20 (alpha 0.025 a look)
+DEFAULT_MAX_PAIRS = 20
+EXIT_REGRESSED, EXIT_USAGE, EXIT_SIDE, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+#: pytest arguments a side's session must not get, and why
+REFUSED = {
+    "--moeperf-update": "the sides must not update baselines (record them with a normal run)",
+    "--moeperf-rounds": "a side's process is the unit of moeperf ab: use --pairs and --max-pairs",
+    "--moeperf-history": "the sides write no history (moeperf ab runs them with --moeperf-history off)",
+    "--moeperf-report": "use moeperf ab --report: one report of both sides",
+    "--moeperf-markdown": "use moeperf ab --markdown: one summary of both sides",
+    "--moeperf-html": "use moeperf ab --html: one report of both sides",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moeperf ab", usage="moeperf ab [options] [-- pytest args...]",
+        description="Run the same pytest session on two sides (interpreter, environment, git revision) in "
+                    "randomized ABBA blocks of separate processes on this box, and judge each metric on the pairs.",
+        epilog="Arguments after -- go to pytest on both sides (tests, -k, --moeperf-tolerance, -p plugins). Exit "
+               "status: 0 no regression, 1 a metric regressed or a test failed, 2 bad input, 3 a side's session "
+               "crashed, 130 interrupted.")
+    for side in (BASE, HEAD):
+        parser.add_argument(f"--{side}-python", metavar="PATH", type=parse_python,
+                            help=f"the {side} side's interpreter or virtual environment (default: this interpreter)")
+        parser.add_argument(f"--{side}-env", metavar="KEY=VALUE", type=parse_env, action="append", default=[],
+                            help=f"set an environment variable on the {side} side (repeatable)")
+        parser.add_argument(f"--{side}-ref", metavar="REF",
+                            help=f"run the {side} side in a temporary git worktree of this revision "
+                                 "(default: this checkout as it is)")
+    parser.add_argument("--aa", action="store_true",
+                        help="A/A calibration: run the base side twice; reports the false-alarm rate and each "
+                             "metric's noise, and names metrics noisier than their minimum effect")
+    parser.add_argument("--pairs", type=at_least(1), default=DEFAULT_PAIRS, metavar="N",
+                        help="pairs to run before the first look (default: %(default)s)")
+    parser.add_argument("--max-pairs", type=at_least(1), default=DEFAULT_MAX_PAIRS, metavar="N",
+                        help="the pair budget: while a metric can still be decided, twice as many pairs at each "
+                             "next look, up to N (default: %(default)s)")
+    parser.add_argument("--alpha", type=pvalue, default=paired.ALPHA, metavar="A",
+                        help="false-discovery rate over the metrics and the looks; each look tests and draws its "
+                             "intervals at A / looks (default: %(default)s)")
+    parser.add_argument("--seed", type=at_least(0), metavar="N", help="seed of the block orders (default: random, "
+                        "printed and reported)")
+    parser.add_argument("--report", type=output_path, metavar="PATH", help="write the JSON report to PATH")
+    parser.add_argument("--markdown", type=output_path, metavar="PATH",
+                        help="append the Markdown summary to PATH (e.g. $GITHUB_STEP_SUMMARY)")
+    parser.add_argument("--html", type=output_path, metavar="PATH", help="write the HTML report to PATH")
+    parser.add_argument("--junitxml", type=output_path, metavar="PATH", help="write JUnit XML to PATH")
+    parser.add_argument("-q", "--quiet", action="store_true", help="do not echo the sides' pytest progress lines")
+    return parser
+
+
+def split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``moeperf ab``'s own arguments and the pytest arguments (after the first ``--``)."""
+    args = list(argv)
+    if "--" in args:
+        at = args.index("--")
+        return args[:at], args[at + 1:]
+    return args, []
+
+
+def problems(args: argparse.Namespace, pytest_args: Sequence[str]) -> list[str]:
+    """What is wrong with the arguments, each naming the option."""
+    out = []
+    if args.max_pairs < args.pairs:
+        out.append(f"--max-pairs {args.max_pairs} is below --pairs {args.pairs}")
+    level = adaptive.alpha_per_look(args.alpha, args.pairs, args.max_pairs)
+    needed = paired.min_pairs(level)
+    if args.max_pairs < needed:
+        out.append(f"--max-pairs {args.max_pairs}: the signed-rank test needs at least {needed} pairs to decide "
+                   f"at --alpha {args.alpha:g} over {len(adaptive.looks(args.pairs, args.max_pairs))} look(s) "
+                   f"({level:.3g} a look)")
+    if args.aa:
+        given = [f"--head-{what}" for what in ("python", "env", "ref") if getattr(args, f"head_{what}")]
+        if given:
+            out.append(f"--aa runs the base side twice: {', '.join(given)} does not apply")
+    for arg in pytest_args:
+        flag = arg.split("=", 1)[0]
+        if flag in REFUSED:
+            out.append(f"pytest argument {flag}: {REFUSED[flag]}")
+    return out
+
+
+def _specs(args: argparse.Namespace) -> tuple[SideSpec, SideSpec]:
+    def spec(side: str) -> SideSpec:
+        return SideSpec(side, getattr(args, f"{side}_python"), tuple(getattr(args, f"{side}_env")),
+                        getattr(args, f"{side}_ref"))
+
+    return spec(BASE), spec(HEAD)
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _fail(text: str) -> None:
+    print(f"moeperf ab: {text}", file=sys.stderr, flush=True)
+
+
+def main_ab(argv: Sequence[str]) -> int:
+    own, pytest_args = split(argv)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    found = problems(args, pytest_args)
+    if found:
+        parser.error("; ".join(found))
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    started = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+    base_spec, head_spec = _specs(args)
+    try:
+        with Checkouts(Path.cwd()) as checkouts, tempfile.TemporaryDirectory(prefix="moeperf-ab-") as tmp:
+            try:
+                base = checkouts.prepare(base_spec)
+                head = base if args.aa else checkouts.prepare(head_spec)
+            except SideError as exc:
+                _fail(str(exc))
+                return EXIT_USAGE
+            _say(f"moeperf ab: {base.describe()}")
+            _say(f"moeperf ab: {'head: the base side again (A/A)' if args.aa else head.describe()}")
+            schedule = adaptive.looks(args.pairs, args.max_pairs)
+            _say(f"moeperf ab: looks at {', '.join(map(str, schedule))} pairs (alpha {args.alpha:g} / "
+                 f"{len(schedule)} a look); seed {seed}")
+            baselines = Path(tmp) / "baselines"
+            baselines.mkdir()
+            runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, Path(tmp), seed, _say,
+                            progress=not args.quiet)
+            outcomes, notes = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
+    except KeyboardInterrupt:
+        _fail("interrupted: nothing written")
+        return EXIT_INTERRUPTED
+    except SideFailed as exc:
+        output = (exc.result.stdout + exc.result.stderr).splitlines()
+        print("\n".join(output[-80:]), flush=True)
+        if exc.bad_arguments:
+            _fail(f"{exc}: the pytest arguments after -- select no test or are wrong: nothing written")
+            return EXIT_USAGE
+        _fail(f"{exc}: nothing written")
+        return EXIT_SIDE
+    if not outcomes:
+        _fail("the selected tests recorded no metric (perf.record): nothing to compare")
+        return EXIT_USAGE
+    base = dataclasses.replace(base, facts=facts_of(base, runner.first_document(BASE)))
+    head = dataclasses.replace(head, facts=facts_of(head, runner.first_document(HEAD)))
+    return conclude(args, runner, outcomes, notes, base, head, seed, started)
+
+
+def _ledger(runner: Runner, outcomes: dict[str, Outcome]) -> Ledger:
+    ledger = merged(runner.processes)
+    for key, outcome in outcomes.items():
+        if key in ledger.records:
+            ledger.records[key] = dataclasses.replace(ledger.records[key], threshold=outcome.verdict.threshold,
+                                                      verdict=outcome.verdict)
+    return ledger
+
+
+def conclude(args: argparse.Namespace, runner: Runner, outcomes: dict[str, Outcome], notes: list[str], base: Side,
+             head: Side, seed: int, started: str) -> int:
+    """Sections, reports and the exit status, from the judged run."""
+    ledger = _ledger(runner, outcomes)
+    level = adaptive.alpha_per_look(args.alpha, args.pairs, args.max_pairs)
+    ledger.sections.append(report.pairs_section(outcomes, level))
+    ledger.sections.append(report.sides_section(base, head, args.aa))
+    cal = calibration.calibrate(outcomes, level) if args.aa else None
+    if cal is not None:
+        if cal.named:
+            ledger.sections.append(calibration.section(cal))
+        notes = [*calibration.lines(cal), *notes]
+    failures = [f"{p.label}: {line}" for p in runner.processes for line in p.failures]
+    notes += [f"moeperf ab: test failed in {line}" for line in failures]
+    head_line = report.header(base, head, args.aa, runner.pairs, runner.blocks, seed)
+    facts = {"mode": "A/A" if args.aa else "A/B", "started": started, "seed": seed, "alpha": args.alpha,
+             "looks": adaptive.looks(args.pairs, args.max_pairs), "alpha_per_look": level,
+             "pairs": runner.pairs, "blocks": runner.blocks, "first_pairs": args.pairs, "max_pairs": args.max_pairs,
+             "processes": [{"label": p.label, "pair": p.pair, "block": p.block, "seconds": round(p.seconds, 3),
+                            "failures": list(p.failures)} for p in runner.processes],
+             "calibration": None if cal is None else cal.to_json(), "notes": list(notes)}
+    written, errors = write(args, ledger, report.report_document(ledger, runner.first_document(HEAD),
+                            report.ab_facts(outcomes, base, head, facts)), head_line, notes)
+    _say(" moeperf ab ".center(80, "="))
+    for text in report.terminal_lines(ledger, head_line, notes):
+        _say(text)
+    for path in written:
+        _say(f"wrote {path}")
+    for error in errors:
+        _fail(error)
+    regressed = sum(v.status is Status.REGRESSED for v in ledger.verdicts)
+    return EXIT_REGRESSED if regressed or failures else 0
+
+
+def write(args: argparse.Namespace, ledger: Ledger, doc: dict[str, object], head_line: str, notes: list[str]
+          ) -> tuple[list[Path], list[str]]:
+    """Write the reports asked for; the paths written and the errors (a report that cannot be written is said,
+    the verdicts stand)."""
+    written, errors = [], []
+
+    def put(path: Path, text: str, append: bool = False) -> None:
+        try:
+            if append and path.exists():
+                with path.open("a") as handle:
+                    handle.write(text)
+            else:
+                files.atomic_write(path, text)
+            written.append(path)
+        except OSError as exc:
+            errors.append(f"could not write {path}: {describe(exc)}")
+
+    if args.report is not None:
+        put(args.report, report.dumps(doc))
+    if args.markdown is not None:
+        put(args.markdown, report.markdown_text(ledger, head_line, notes), append=True)
+    if args.junitxml is not None:
+        put(args.junitxml, report.junit_xml(ledger.verdicts))
+    if args.html is not None:
+        from pytest_moeperf.history.plugin import write_html
+
+        if write_html(args.html, doc):
+            written.append(args.html)
+        else:
+            errors.append(f"HTML report not written to {args.html} (see the warning above)")
+    return written, errors

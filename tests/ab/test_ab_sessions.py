@@ -1,0 +1,185 @@
+"""``moeperf ab`` run as a user runs it: real child pytest sessions of a synthetic suite on two sides.
+
+The synthetic test's samples are scaled by ``MOEPERF_TEST_SCALE`` (the head side's environment sets it: a
+deterministic slowdown) and moved by a bounded random jitter (±1 %, drawn anew in each process), so every verdict
+below is certain, not likely: a ×1.10 head makes every pair's ratio at least 1.076, an A/A run keeps every ratio
+within ±2 %. Each child session takes 1–3 s on a loaded 2-core box; the file runs about 60 of them (about 2 minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+INSTALLED = any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(group="pytest11"))
+#: the pytest arguments of both sides: the plugin (when it is not installed), no cache files in the project, and the
+#: health gate off (as in `run_moeperf`: a loaded box must not decide these verdicts by dropping pairs)
+PYTEST = (*(() if INSTALLED else ("-p", "pytest_moeperf.plugin")), "-p", "no:cacheprovider", "--moeperf-health", "off")
+
+SUITE = """
+import os, random
+
+def test_latency(perf):
+    scale = float(os.environ.get("MOEPERF_TEST_SCALE", "1.0"))
+    jitter = random.uniform(0.99, 1.01)
+    perf.record("latency", [v * scale * jitter for v in (10.0, 10.1, 9.9, 10.0)], unit="ms")
+
+def test_bandwidth(perf):
+    perf.record("gbps", [100.0, 101.0, 99.0], unit="GB/s", better="higher")
+"""
+LATENCY = "test_syn.py::test_latency::latency"
+GBPS = "test_syn.py::test_bandwidth::gbps"
+
+
+def moeperf_ab(*args: str, cwd: Path, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **({"TMPDIR": str(tmp)} if tmp else {})}
+    return subprocess.run([sys.executable, "-m", "pytest_moeperf.cli", "ab", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture
+def suite(tmp_path: Path) -> Path:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_syn.py").write_text(SUITE)
+    return tmp_path
+
+
+def test_a_slower_head_is_regressed_after_extra_pairs_of_its_test_alone(suite: Path) -> None:
+    # looks at 6 and 8 pairs, alpha 0.1 / 2 looks = 0.05 a look
+    done = moeperf_ab("--head-env", "MOEPERF_TEST_SCALE=1.10", "--pairs", "6", "--max-pairs", "8", "--alpha", "0.1",
+                      "--seed", "1", "-q", "--report", "r.json", "--markdown", "s.md", "--junitxml", "j.xml", "--",
+                      "test_syn.py", *PYTEST, cwd=suite)
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    # 6 pairs: p = 2/64 for latency, but the false-discovery control over 2 metrics doubles it (q = 0.0625)
+    assert "moeperf ab: look 1 of at most 2, 6 pairs: 1 pass, 1 inconclusive (1 can be decided by more pairs)" in out
+    assert "moeperf ab: block 4 (" in out and ", 1 test(s))" in out  # one more block, of test_latency only
+    assert "moeperf ab: look 2 of at most 2, 8 pairs: 1 pass, 1 regressed" in out
+    assert f"{LATENCY}" in out and "REGRESSED" in out
+
+    doc = json.loads((suite / "r.json").read_text())
+    ab = doc["moeperf"]["ab"]
+    assert ab["sides"]["base"]["env"] == {} and ab["sides"]["head"]["env"] == {"MOEPERF_TEST_SCALE": "1.10"}
+    assert ab["sides"]["base"]["python"] == ab["sides"]["head"]["python"]
+    assert ab["sides"]["head"]["software"]["python"] and ab["sides"]["head"]["git"]
+    assert ab["differences"] == ["env MOEPERF_TEST_SCALE: - -> 1.10"]
+    assert ab["metrics"][LATENCY]["pairs"] == 8 and ab["metrics"][GBPS]["pairs"] == 6
+    assert ab["metrics"][LATENCY]["p"] == pytest.approx(2 / 256)
+    assert 0.07 < ab["metrics"][LATENCY]["estimate"] < 0.13
+    assert [p["label"] for p in ab["processes"]].count("head 8") == 1 and len(ab["processes"]) == 16
+    verdicts = {b["fullname"]: b["extra_info"]["verdict"] for b in doc["benchmarks"]}
+    assert verdicts == {LATENCY: "REGRESSED", GBPS: "PASS"}
+    records = {r["metric"]["test_id"] + "::" + r["metric"]["name"]: r for r in doc["moeperf"]["records"]}
+    origins = [r["origin"] for r in records[LATENCY]["rounds"]]
+    assert sorted(origins) == sorted([f"base {k}" for k in range(1, 9)] + [f"head {k}" for k in range(1, 9)])
+
+    summary = (suite / "s.md").read_text()
+    assert "### Regressions" in summary and "### A/B sides" in summary and "MOEPERF_TEST_SCALE=1.10" in summary
+    suite_xml = ElementTree.parse(suite / "j.xml").getroot().find("testsuite")
+    assert suite_xml is not None and suite_xml.get("failures") == "1" and suite_xml.get("tests") == "2"
+
+
+def test_a_a_calibration_finds_no_regression(suite: Path) -> None:
+    done = moeperf_ab("--aa", "--pairs", "6", "--max-pairs", "6", "--seed", "2", "-q", "--report", "aa.json", "--",
+                      "test_syn.py", *PYTEST, cwd=suite)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "moeperf ab: look 1 of at most 1, 6 pairs: 2 pass" in done.stdout, done.stdout
+    assert "A/A calibration: 0 false alarm(s) in 2 metric(s) (0.0 %)" in done.stdout
+    assert "0 metric(s) noisier than their minimum effect" in done.stdout
+    calibration = json.loads((suite / "aa.json").read_text())["moeperf"]["ab"]["calibration"]
+    assert calibration["false_alarm_rate"] == 0 and len(calibration["noise"]) == 2
+    assert all(n["noise"] < 0.02 for n in calibration["noise"])
+
+
+def test_pytest_arguments_that_select_no_test_are_bad_input(suite: Path) -> None:
+    done = moeperf_ab("--", "test_syn.py", "-k", "no_such_test", *PYTEST, cwd=suite)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "select no test or are wrong: nothing written" in done.stderr.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------ git revisions
+PROJECT_CONFTEST = """
+import pytest
+from speed import FACTOR
+
+@pytest.fixture
+def factor():
+    return FACTOR
+"""
+PROJECT_TEST = """
+import random
+
+def test_step(perf, factor):
+    perf.record("step", [factor * random.uniform(0.99, 1.01) for _ in range(3)], unit="s")
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A throwaway git project: the base commit, then a head commit that makes the step 1.25 times slower. Its
+    conftest (beside the test, not at the top) imports ``speed`` from the top: a side's worktree is first on
+    ``PYTHONPATH`` wherever in it the session starts."""
+    repo = tmp_path / "project"
+    (repo / "perf").mkdir(parents=True)
+    (repo / "pytest.ini").write_text("[pytest]\n")
+    (repo / "perf" / "conftest.py").write_text(PROJECT_CONFTEST)
+    (repo / "speed.py").write_text("FACTOR = 1.0\n")
+    (repo / "perf" / "test_step.py").write_text(PROJECT_TEST)
+    git(repo, "init", "-q")
+    for key, value in (("user.email", "ab@example.invalid"), ("user.name", "ab test")):
+        git(repo, "config", key, value)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    (repo / "speed.py").write_text("FACTOR = 1.25\n")
+    git(repo, "commit", "-qam", "head: slower")
+    (tmp_path / "tmp").mkdir()
+    return repo
+
+
+def test_two_git_revisions_in_temporary_worktrees(project: Path) -> None:
+    tmp = project.parent / "tmp"
+    # started in a subdirectory: each side runs in the same subdirectory of its worktree
+    done = moeperf_ab("--base-ref", "HEAD~1", "--head-ref", "HEAD", "--pairs", "6", "--max-pairs", "6", "--seed", "3",
+                      "-q", "--report", "r.json", "--", ".", *PYTEST, cwd=project / "perf", tmp=tmp)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "moeperf ab: look 1 of at most 1, 6 pairs: 1 regressed" in done.stdout
+    assert "perf/test_step.py::test_step::step" in done.stdout
+    sides = json.loads((project / "perf" / "r.json").read_text())["moeperf"]["ab"]["sides"]
+    assert sides["base"]["ref"] == "HEAD~1" and sides["base"]["commit"] == git(project, "rev-parse", "HEAD~1")
+    assert sides["head"]["ref"] == "HEAD" and sides["head"]["commit"] == git(project, "rev-parse", "HEAD")
+    assert sides["base"]["git"]["id"] == sides["base"]["commit"]  # the child ran in base's checkout
+    assert sides["base"]["cwd"].endswith("/perf") and sides["base"]["cwd"] != sides["head"]["cwd"]
+    assert Path(sides["head"]["pytest_moeperf"]).name == "pytest_moeperf"
+    assert len(git(project, "worktree", "list").splitlines()) == 1, "the temporary worktrees are removed"
+    assert not list(tmp.glob("moeperf-ab-*"))
+
+
+def test_ctrl_c_writes_nothing_and_removes_the_worktrees(project: Path) -> None:
+    tmp = project.parent / "tmp"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_moeperf.cli", "ab", "--base-ref", "HEAD~1", "--head-ref",
+                             "HEAD", "-q", "--report", "r.json", "--", "perf", *PYTEST], cwd=project,
+                            env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(("  base 1 ", "  head 1 ")):  # the first process is done, the second is running
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "moeperf ab: interrupted: nothing written" in err
+    assert not (project / "r.json").exists()
+    assert len(git(project, "worktree", "list").splitlines()) == 1
+    assert not list(tmp.glob("moeperf-ab-*"))
