@@ -7,13 +7,13 @@
 #   3. A/A against them                                                -> false REGRESSED (aim <= 1 %)
 #   4. every GEMM `time` x 1.05, then x 1.03 (tests/benchmarks/moeperf_inject.py)
 #                                                                      -> share REGRESSED among the `time` cases
-# Env: SELECT (pytest args of the same-host part; default the 112 DeepSeek-V3 GEMM cases), SITTINGS (3),
+# Env: SELECT (pytest args of the same-host part, shell-quoted; default the 112 DeepSeek-V3 GEMM cases), SITTINGS (3),
 # HOST (lent-host), PYTHON (python3), OUT (reports and logs; default /tmp/moeperf-hosts), CROSS=0 skips step 1.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/moeperf-hosts}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"; HOST="${HOST:-lent-host}"; SITTINGS="${SITTINGS:-3}"
-read -r -a SELECT <<<"${SELECT:-suites/gemm/test_gemm.py -k deepseek}"
+eval "SELECT=(${SELECT:-suites/gemm/test_gemm.py -k deepseek})"  # shell words: SELECT='a -k "x and y"' 
 BL="$OUT/baselines"; rm -rf "$BL"
 export PYTHONPATH="$PWD/tests/benchmarks:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 counts() {  # report.json label
