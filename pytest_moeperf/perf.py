@@ -37,6 +37,14 @@ class Perf:
         """The records of every round of this test, oldest first (the last is `records`)."""
         return (*self._earlier, self.records)
 
+    def by_metric(self) -> dict[str, list[tuple[int, Measurement]]]:
+        """Each metric's (round index, measurement) across the rounds of this test, in recording order."""
+        grouped: dict[str, list[tuple[int, Measurement]]] = {}
+        for index, records in enumerate(self.rounds):
+            for m in records:
+                grouped.setdefault(m.name, []).append((index, m))
+        return grouped
+
     def new_round(self) -> None:
         """Start another round of the same test (a confirmation re-run): the metrics may be recorded again."""
         self._earlier.append(self.records)

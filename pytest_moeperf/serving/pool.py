@@ -3,10 +3,19 @@
 A launched server occupies GPUs and a share of each one's memory (its ``--gpu-memory-utilization``); the shares
 on one GPU may sum to at most :data:`GPU_SHARE_BUDGET`. On CPU at most :data:`CPU_SERVERS` run at once: a
 reference and a candidate, so a speedup alternates windows on the same prompts instead of restarting servers
-(a vLLM CPU server takes 100-180 s to start on 2 cores; an idle one takes no measurable CPU, and only one serves
-at a time). Starting a profile that does not fit stops the least recently used servers
-until it does (``CUDA_VISIBLE_DEVICES`` pins each server to the GPUs it was given). Attached servers (attach
-mode) are somebody else's: never started, stopped or counted.
+(a vLLM CPU server takes 100-180 s to start on 2 cores; an idle one takes no measurable CPU). A profile that does
+not fit stops the least recently used servers until it does (``CUDA_VISIBLE_DEVICES`` pins each to its GPUs).
+Attached servers are somebody else's: never started, stopped or counted; their processes here (from the port, or
+``--moeperf-server-pid``) are the health gate's (``adopt``).
+
+**Starting together.** A start is minutes of mostly single-threaded work (imports, torch.compile, CUDA-graph
+capture: 64-116 s per tiny-MoE server on an H200 host), so four TP=1 profiles started one after another take most
+of a 10-minute batch. When the session's tests (``wanted``, in their order) need other profiles that fit beside the
+one asked for, the pool starts them at the same time, at most `parallel_starts` of them (one per
+`CPUS_PER_START` usable CPUs: on a 2-core CI box, one: the starts stay sequential). Servers that share a GPU start
+together only when each fixes its KV cache size (`fixes_kv_cache`: ``--kv-cache-memory-bytes``): otherwise vLLM's
+memory profiling counts a neighbour's allocations during its profile run as its own. Each server's ``startup_s``
+is timed from its own launch; its context says how many started together (``started_together``).
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ import contextlib
 import importlib.util
 import logging
 import os
+import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -40,7 +51,8 @@ from pytest_moeperf.serving.server import (
     free_port,
 )
 
-__all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "pin_gpus", "place"]
+__all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "companions", "fixes_kv_cache",
+           "parallel_starts", "pin_gpus", "place"]
 
 log = logging.getLogger("pytest_moeperf.serving")
 
@@ -48,8 +60,21 @@ log = logging.getLogger("pytest_moeperf.serving")
 Watch = Callable[[Iterable[int]], AbstractContextManager[list[HealthReport]]]
 
 GPU_SHARE_BUDGET = 0.9
-PORT_ATTEMPTS = 3  # starts of one server on fresh ports when another process took the port first
 CPU_SERVERS = 2  # each tiny-model server holds VLLM_CPU_KVCACHE_SPACE (1 GiB) of KV cache
+CPUS_PER_START = 4
+KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--kv-cache-memory")
+Adopt = Callable[[Iterable[int]], None]
+PORT_ATTEMPTS = 3  # starts of one server on fresh ports when another process took the port first
+
+
+def parallel_starts(cpus: int) -> int:
+    """Server starts that may run at once on a host with ``cpus`` usable CPUs."""
+    return max(1, cpus // CPUS_PER_START)
+
+
+def fixes_kv_cache(profile: ServeProfile) -> bool:
+    """Whether the profile's server sizes its KV cache from an argument, not from profiling the GPU's free memory."""
+    return any(a == f or a.startswith(f + "=") for a in profile.vllm_args for f in KV_CACHE_FLAGS)
 
 
 class ServeSkip(Exception):
@@ -93,11 +118,17 @@ class ServerPool:
         log_dir: Path,
         progress_sink: Callable[[str], None] | None = None,
         watch: Watch | None = None,
+        wanted: Sequence[str] = (),
+        parallel: int = 1,
+        adopt: Adopt | None = None,
+        server_pids: Sequence[int] = (),
         ports: Callable[[], int] = free_port,
     ) -> None:
         """``progress_sink``: where windows' progress lines go besides the log; ``watch(gpus)``: a context manager
-        that judges the health of a window (the health gate's), used around each server's start-up; ``ports``:
-        picks the loopback port of each start (a free one)."""
+        that judges the health of a window (the health gate's), used around each server's start-up; ``wanted``:
+        the profiles the session's tests use, in order, and ``parallel``: how many may start at once;
+        ``adopt(pids)``: the health gate's, for an attached server's processes (and ``server_pids``, named);
+        ``ports``: picks each start's loopback port."""
         self.profiles = profiles
         self.timeout_s = timeout_s
         self.gpu_count = gpu_count
@@ -105,6 +136,10 @@ class ServerPool:
         self.log_dir = log_dir
         self.progress_sink = progress_sink
         self.watch = watch
+        self.wanted = tuple(dict.fromkeys(wanted))
+        self.parallel = max(1, parallel)
+        self.adopt = adopt
+        self.server_pids = tuple(server_pids)
         self.ports = ports
         self.starts: dict[str, list[float]] = {}  # seconds to healthy of every start, per profile
         self._served: dict[str, Served] = {}  # insertion order = least recently used first
@@ -148,22 +183,42 @@ class ServerPool:
         if profile.attached_url is not None:
             server = AttachedServer(profile.attached_url)
             server.wait_healthy(min(self.timeout_s, 60.0))
-            fresh = Served(profile=profile, server=server, vocab_size=None, progress_sink=self.progress_sink)
-        else:
-            reason = launch_blocker(
-                profile, gpu_count=self.gpu_count, vllm_importable=importlib.util.find_spec("vllm") is not None
-            )
-            if reason is not None:
-                raise ServeSkip(reason)
-            spot = self._make_room(profile, keep)
-            try:
-                fresh = self._launch(profile, spot)
-            except ServerStartError as exc:
-                self._broken[name] = f"serve profile {name!r}: {exc}"
-                raise ServerStartError(self._broken[name]) from None
-            self._placement[name] = spot
-        self._served[name] = fresh
-        return fresh
+            self._served[name] = fresh = Served(profile=profile, server=server, vocab_size=None,
+                                                progress_sink=self.progress_sink,
+                                                server_pids=self._adopt_attached(profile.attached_url),
+                                                first_seed=1 + secrets.randbelow(1 << 30))
+            return fresh
+        reason = self._blocker(profile)
+        if reason is not None:
+            raise ServeSkip(reason)
+        group = [(profile, self._make_room(profile, keep))]
+        group += self._companions(group)
+        started = self._launch_group(group)
+        if name not in started:
+            raise ServerStartError(self._broken[name])
+        return started[name]
+
+    def _blocker(self, profile: ServeProfile) -> str | None:
+        return launch_blocker(profile, gpu_count=self.gpu_count,
+                              vllm_importable=importlib.util.find_spec("vllm") is not None)
+
+    def _companions(self, group: list[tuple[ServeProfile, Placement]]) -> list[tuple[ServeProfile, Placement]]:
+        candidates = [self.profiles[n] for n in self.wanted if n in self.profiles and n not in self._served
+                      and n not in self._broken and self._blocker(self.profiles[n]) is None]
+        return companions(group[0], candidates, list(self._placement.values()), self.gpu_count, self.parallel)
+
+    def _adopt_attached(self, url: str) -> tuple[int, ...]:
+        """The attached server's processes on this host (and those named), handed to the health gate as ours."""
+        pids: tuple[int, ...] = ()
+        if importlib.util.find_spec("psutil") is not None:
+            from pytest_moeperf.serving.attach import listening_pids
+
+            pids, note = listening_pids(url)
+            log.info("attached server at %s: %s%s", url, note, f" (pids {list(pids)})" if pids else "")
+        pids = tuple(dict.fromkeys((*pids, *self.server_pids)))
+        if self.adopt is not None and pids:
+            self.adopt(pids)
+        return pids
 
     def stop(self, name: str) -> None:
         served = self._served.pop(name, None)
@@ -215,27 +270,13 @@ class ServerPool:
         return self._launch(profile, spot)
 
     def _launch(self, profile: ServeProfile, spot: Placement) -> Served:
-        generated = self._generated(profile.model) if profile.model in TARGETS else {}
-        if profile.model in TARGETS:
-            model = generated[profile.model]
-            vocab = vocab_size_of(Path(model))
-        else:
-            local = Path(profile.model)
-            model, vocab = profile.model, vocab_size_of(local) if local.is_dir() else None
-        env = dict(profile.env)
-        if spot.gpus:
-            env.update(pin_gpus(spot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
-        log_path = self.log_dir / f"{profile.name}{_nth(len(self.starts.get(profile.name, [])))}.log"
-        timeout = min(self.timeout_s, profile.startup_timeout_s or self.timeout_s)
         with self.watch(spot.gpus) if self.watch is not None else contextlib.nullcontext([]) as health:
             for attempt in range(1, PORT_ATTEMPTS + 1):
-                port = self.ports()
-                server = LaunchedServer(profile.name, profile.argv(model, "127.0.0.1", port, generated), port=port,
-                                        log_path=log_path, env=env)
+                server, vocab = self._prepare(profile, spot)
                 server.start()
-                log.info("started %s on %s (health timeout %.0f s)", server.describe(), spot.gpus or "cpu", timeout)
+                log.info("started %s on %s", server.describe(), spot.gpus or "cpu")
                 try:
-                    startup = server.wait_healthy(timeout)  # stops the server itself when it fails
+                    startup = server.wait_healthy(self._timeout(profile))  # stops the server itself when it fails
                     break
                 except PortTaken as exc:
                     if attempt == PORT_ATTEMPTS:
@@ -244,11 +285,107 @@ class ServerPool:
                 except BaseException:
                     server.stop()  # interrupted while starting: leave nothing behind
                     raise
+        return self._started(profile, server, vocab, startup, health, 1)
+
+    def _launch_group(self, group: Sequence[tuple[ServeProfile, Placement]]) -> dict[str, Served]:
+        """Start every profile of ``group`` at once, wait for all; a start that failed is remembered (`_broken`)."""
+        prepared = {profile.name: self._prepare(profile, spot) for profile, spot in group}
+        servers = {name: server for name, (server, _) in prepared.items()}
+        placed = {profile.name: spot for profile, spot in group}
+        gpus = sorted({g for _, spot in group for g in spot.gpus})
+        took: dict[str, float] = {}
+        with self.watch(gpus) if self.watch is not None else contextlib.nullcontext([]) as health:
+            try:
+                for i, server in enumerate(servers.values(), 1):
+                    server.start()
+                    log.info("started %s (%d of %d starting together)", server.describe(), i, len(servers))
+                pending = dict(servers)
+                attempts = dict.fromkeys(servers, 1)
+                while pending:
+                    for name, server in list(pending.items()):
+                        try:
+                            seconds = server.check_start(self._timeout(self.profiles[name]))
+                        except PortTaken as exc:
+                            if attempts[name] < PORT_ATTEMPTS:  # another process took its port: a fresh one
+                                log.warning("%s; starting it again on another port", str(exc).splitlines()[0])
+                                attempts[name] += 1
+                                servers[name] = pending[name] = self._prepare(self.profiles[name], placed[name])[0]
+                                pending[name].start()
+                                continue
+                            self._broken[name] = f"serve profile {name!r}: {exc}"
+                            del pending[name]
+                            continue
+                        except ServerStartError as exc:
+                            self._broken[name] = f"serve profile {name!r}: {exc}"
+                            del pending[name]
+                            continue
+                        if seconds is not None:
+                            took[name] = seconds
+                            del pending[name]
+                    if pending:
+                        time.sleep(1.0)
+            except BaseException:
+                for server in servers.values():
+                    server.stop()  # interrupted while starting: leave nothing behind
+                raise
+        started = {}
+        for name, seconds in took.items():
+            profile = self.profiles[name]
+            started[name] = self._served[name] = self._started(profile, servers[name], prepared[name][1], seconds,
+                                                               health, len(servers))
+            self._placement[name] = placed[name]
+        return started
+
+    def _timeout(self, profile: ServeProfile) -> float:
+        return min(self.timeout_s, profile.startup_timeout_s or self.timeout_s)
+
+    def _prepare(self, profile: ServeProfile, spot: Placement) -> tuple[LaunchedServer, int | None]:
+        """The server to launch for ``profile`` at ``spot`` (its generated models written first), and the model's
+        vocabulary size where a local config says it."""
+        generated = self._generated(profile.model) if profile.model in TARGETS else {}
+        model = generated[profile.model] if profile.model in TARGETS else profile.model
+        vocab = vocab_size_of(Path(model)) if Path(model).is_dir() else None
+        port = self.ports()
+        env = dict(profile.env)
+        if spot.gpus:
+            env.update(pin_gpus(spot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
+        server = LaunchedServer(
+            profile.name,
+            profile.argv(model, "127.0.0.1", port, generated),
+            port=port,
+            log_path=self.log_dir / f"{profile.name}{_nth(len(self.starts.get(profile.name, [])))}.log",
+            env=env,
+        )
+        return server, vocab
+
+    def _started(self, profile: ServeProfile, server: LaunchedServer, vocab: int | None, startup: float,
+                 health: Sequence[HealthReport], together: int) -> Served:
         unhealthy = tuple(r for report in health if not report.ok for r in report.reasons)
         self.starts.setdefault(profile.name, []).append(startup)
         log.info("%s healthy after %.1f s", server.describe(), startup)
         return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup,
-                      startup_health=unhealthy, progress_sink=self.progress_sink)
+                      startup_health=unhealthy, progress_sink=self.progress_sink, started_together=together)
+
+
+def companions(first: tuple[ServeProfile, Placement], candidates: Sequence[ServeProfile],
+               running: Sequence[Placement], gpu_count: int, parallel: int) -> list[tuple[ServeProfile, Placement]]:
+    """The profiles among ``candidates`` (in order) to start together with ``first``: those that fit beside the
+    ``running`` servers and the group without stopping any, at most ``parallel`` starts in all, and on a GPU only
+    profiles that fix their KV cache size (`fixes_kv_cache`), ``first`` included."""
+    head = first[0]
+    if parallel < 2 or (head.device == "cuda" and not fixes_kv_cache(head)):
+        return []
+    group = [first]
+    for profile in candidates:
+        if len(group) >= parallel:
+            break
+        if (profile.name == head.name or profile.attached_url is not None
+                or (profile.device == "cuda" and not fixes_kv_cache(profile))):
+            continue
+        spot = place(profile, [*running, *(p for _, p in group)], gpu_count)
+        if spot is not None:
+            group.append((profile, spot))
+    return group[1:]
 
 
 def pin_gpus(gpus: Sequence[int], visible: str | None) -> dict[str, str]:

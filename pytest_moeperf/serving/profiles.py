@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_moeperf.store.files import FileFormatError, read_json_object
+
 __all__ = [
     "DEFAULT_DIR",
     "GENERATED_MODELS",
@@ -211,15 +213,9 @@ def load_profiles(directory: Path, known: Mapping[str, ServeProfile] | None = No
 
 def _from_json(path: Path) -> ServeProfile:
     try:
-        raw = json.loads(path.read_text())
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: expected a JSON object")
+        raw = read_json_object(path, "serve profile")
+    except FileFormatError as exc:
+        raise ProfileError(str(exc)) from None
     known = {
         "name", "model", "device", "tp", "gpus", "max_model_len", "dtype", "vllm_args", "env",
         "speculative", "reference", "thresholds", "tolerances", "startup_timeout_s", "description", "requests",

@@ -11,6 +11,11 @@ are INCONCLUSIVE, the engine's own TPOT and TTFT and the acceptance figures stil
 output, total token; goodput) and acceptance figures are higher-better. The failed-request rate is checked here
 directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and the error of every
 failed request is in the message.
+
+`record_window` records a whole measured window: the cost of its warm pass and its drift check (a window that
+drifted makes its `CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.drift`), the latencies with the tail
+percentiles the window was sized for (`pytest_moeperf.serving.tails`), and the server's own figures as ``engine_*``
+metrics (`pytest_moeperf.serving.arbiter`), which stand whatever the client's clock saw.
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from pytest_moeperf.serving.loadgen import WindowResult
+from pytest_moeperf.ledger import JSONScalar
+from pytest_moeperf.serving.arbiter import EngineFigures
+from pytest_moeperf.serving.drift import check_drift
+from pytest_moeperf.serving.loadgen import ClosedLoop, WindowResult
 from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
 from pytest_moeperf.serving.profiles import Tolerances
-from pytest_moeperf.serving.served import Served
+from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.specdecode import AcceptanceStats
+from pytest_moeperf.serving.tails import tail_bound, tail_names
 
 __all__ = [
     "CLIENT_TIMED",
@@ -30,16 +39,24 @@ __all__ = [
     "PerfRecorder",
     "check_failures",
     "record_acceptance",
+    "record_engine",
     "record_latencies",
     "record_serving",
+    "record_window",
+    "record_window_facts",
 ]
 
 
 #: what the client's clock measured: a window whose stream coalesced makes these INCONCLUSIVE. The engine's own
 #: TPOT and the acceptance counters come from the server's /metrics and still stand (seen: every spec-decode
 #: metric of 3 of 4 windows INCONCLUSIVE on a fast CI box, acceptance 5 % mde among them, before the scope)
+#: the tail percentiles a window may gate (`pytest_moeperf.serving.tails`)
+TAIL_PCTS = (90.0, 99.0)
 CLIENT_TIMED = ("ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "request_throughput", "output_throughput",
-                "total_token_throughput", "request_goodput")
+                "total_token_throughput", "request_goodput", *tail_names(TAIL_PCTS))
+#: queueing below this many ms is not worth failing for: a window at low load queues for microseconds, whose
+#: relative change means nothing
+QUEUE_ABS_MS = 1.0
 
 
 class PerfRecorder(Protocol):
@@ -54,6 +71,7 @@ class PerfRecorder(Protocol):
         better: str = "lower",
         tolerance: float | None = None,
         abs_tolerance: float | None = None,
+        context: dict[str, JSONScalar] | None = None,
     ) -> Any: ...
 
     def inconclusive(self, reason: str, only: Iterable[str] | None = None) -> None: ...
@@ -73,6 +91,7 @@ def record_startup(perf: PerfRecorder, served: Served) -> None:
     the health gate judged that start-up window, not the test's call."""
     assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
     perf.measured_once("the server's start-up is measured once, when it starts")
+    perf.context(started_together=served.started_together)
     for reason in served.startup_health:
         perf.inconclusive(f"start-up window: {reason}")
     perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
@@ -101,15 +120,18 @@ def record_serving(
     allowed_failed_rate: float = 0.0,
     engine_tpot_ms: float | None = None,
     engine_ttft_ms: float | None = None,
+    tails: Sequence[float] = (),
 ) -> None:
-    """Record the window's latencies (per-request samples, ms), throughputs and failed rate; then gate failures.
+    """Record the window's latencies (per-request samples, ms; ``tails``: the percentiles gated with their bounds),
+    throughputs and failed rate; then gate failures.
 
     ``engine_tpot_ms`` and ``engine_ttft_ms`` (the server's own TPOT and TTFT over the window, from ``/metrics``)
     tell a window whose answers reached the client in bursts, or late, from a fast one, whatever the number of
     chunks (see `record_latencies`)."""
     tol = tolerances or Tolerances()
     metrics = window.metrics
-    record_latencies(perf, window, tol, e2el=True, engine_tpot_ms=engine_tpot_ms, engine_ttft_ms=engine_ttft_ms)
+    record_latencies(perf, window, tol, e2el=True, engine_tpot_ms=engine_tpot_ms, engine_ttft_ms=engine_ttft_ms,
+                     tails=tails)
     th = tol.throughput
     perf.record("request_throughput", metrics.request_throughput, unit="req/s", better="higher", tolerance=th)
     perf.record("output_throughput", metrics.output_throughput, unit="tok/s", better="higher", tolerance=th)
@@ -128,9 +150,11 @@ def record_serving(
 
 
 def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, *, e2el: bool,
-                     engine_tpot_ms: float | None = None, engine_ttft_ms: float | None = None) -> None:
+                     engine_tpot_ms: float | None = None, engine_ttft_ms: float | None = None,
+                     tails: Sequence[float] = ()) -> None:
     """TTFT (and E2EL) per request; client TPOT per request and pooled mean ITL unless the stream coalesced (judged
-    against the engine's TPOT too when the server exports it). A coalesced window, or one whose first tokens reached
+    against the engine's TPOT too when the server exports it); the ``tails`` percentiles of TTFT, ITL (unless
+    coalesced) and E2EL with their order-statistic bounds. A coalesced window, or one whose first tokens reached
     the client far later than the engine's TTFT, makes the window's client-timed metrics INCONCLUSIVE
     (`Perf.inconclusive`)."""
     samples = latency_samples(window.outcomes)
@@ -152,6 +176,49 @@ def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, 
             perf.record("itl_mean_ms", window.metrics.itl_ms.mean, unit="ms", better="lower", tolerance=tol.latency)
     if e2el and samples["e2el"]:
         perf.record("e2el_ms", samples["e2el"], unit="ms", better="lower", tolerance=tol.latency)
+    requests = len(samples["ttft"])
+    for metric in ("ttft", "itl", "e2el"):
+        if (metric == "itl" and lumped is not None) or (metric == "e2el" and not e2el) or not samples[metric]:
+            continue
+        for pct in tails:
+            bound = tail_bound(metric, samples[metric], pct, requests)
+            perf.record(bound.name, bound.value, unit="ms", better="lower", context=bound.context(),
+                        tolerance=tol.ttft if metric == "ttft" else tol.latency)
+            unbounded = bound.unbounded
+            if unbounded is not None:
+                perf.inconclusive(unbounded, only=[bound.name])
+
+
+def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances) -> None:
+    """Context first (it applies to what is recorded after): the warm pass's cost, the drift check's outcome (and,
+    when the window drifted, its `CLIENT_TIMED` metrics INCONCLUSIVE), what the server counted in the window."""
+    shape = result.window.shape
+    drift = check_drift(result.window.outcomes, ramp=shape.concurrency if isinstance(shape, ClosedLoop) else 0,
+                        min_effects={"ttft": tol.ttft, "tpot": tol.latency})
+    perf.context(**result.warm.context(), **drift.facts(), engine_requests=result.engine.requests,
+                 engine_output_tokens=result.engine.output_tokens)
+    reason = drift.reason()
+    if reason is not None:
+        perf.inconclusive(reason, only=CLIENT_TIMED)
+
+
+def record_engine(perf: PerfRecorder, engine: EngineFigures, tol: Tolerances) -> None:
+    """The server's own means over the window (``engine_*``, `pytest_moeperf.serving.arbiter`)."""
+    for name, value in engine.metrics().items():
+        tolerance = tol.ttft if name == "engine_ttft_ms" else tol.latency
+        perf.record(name, value, unit="ms", better="lower", tolerance=tolerance,
+                    abs_tolerance=QUEUE_ABS_MS if name == "engine_queue_ms" else None)
+
+
+def record_window(perf: PerfRecorder, result: SpecWindow, tolerances: Tolerances | None = None, *,
+                  tails: Sequence[float] = (), allowed_failed_rate: float = 0.0) -> None:
+    """A serving window, all of it: its facts (warm pass, drift), latencies and tails, the server's figures,
+    throughputs and failed rate; then the failure gate."""
+    tol = tolerances or Tolerances()
+    record_window_facts(perf, result, tol)
+    record_engine(perf, result.engine, tol)
+    record_serving(perf, result.window, tol, allowed_failed_rate=allowed_failed_rate,
+                   engine_tpot_ms=result.engine_tpot_ms, engine_ttft_ms=result.engine_ttft_ms, tails=tails)
 
 
 def record_acceptance(perf: PerfRecorder, stats: AcceptanceStats, tolerances: Tolerances | None = None) -> None:

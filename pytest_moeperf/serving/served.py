@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
 import string
+import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
 from pytest_moeperf.serving.loadgen import (
     Endpoint,
     LoadGenerator,
@@ -22,9 +25,10 @@ from pytest_moeperf.serving.loadgen import (
 )
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prometheus import Scrape, histogram_mean_delta, parse
+from pytest_moeperf.serving.prometheus import parse
 from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, http_get
 from pytest_moeperf.serving.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
+from pytest_moeperf.serving.warm import ALREADY_WARM, NOT_ASKED, ShapeKey, WarmPass, shape_key
 
 __all__ = ["Served", "SpecWindow"]
 
@@ -33,24 +37,27 @@ log = logging.getLogger("pytest_moeperf.serving")
 Server = LaunchedServer | AttachedServer
 
 
-ENGINE_TPOT = "vllm:request_time_per_output_token_seconds"
-#: observed by the API server's output loop: from the request's arrival (at its renderer, before the engine) to
-#: the first token's receipt from the engine core, so without the SSE delivery to the client (vLLM 0.32,
-#: v1/metrics/stats.py)
-ENGINE_TTFT = "vllm:time_to_first_token_seconds"
-
-
 @dataclass(frozen=True)
 class SpecWindow:
-    """A measured window; for a speculative server, the acceptance over that same window; the engine's own mean
-    TPOT of the requests finished in it (from engine-core timestamps: unlike the client's TPOT it does not move when
-    the API server coalesces tokens into fewer SSE chunks); and the server's mean TTFT of the first tokens made in it
-    (without their delivery to the client). Each None if the server lacks the metric."""
+    """A measured window; for a speculative server, the acceptance over that same window; the server's own figures
+    over it (`pytest_moeperf.serving.arbiter`: TTFT, TPOT, ITL, E2EL and queue means, the tokens it counted); and the
+    unmeasured pass that warmed the server before it (`pytest_moeperf.serving.warm`)."""
 
     window: WindowResult
     acceptance: AcceptanceStats | None
-    engine_tpot_ms: float | None = None
-    engine_ttft_ms: float | None = None
+    engine: EngineFigures = EngineFigures()
+    warm: WarmPass = WarmPass(0)
+
+    @property
+    def engine_tpot_ms(self) -> float | None:
+        """The engine's mean TPOT of the requests finished in the window (engine-core timestamps: unlike the
+        client's TPOT it does not move when the API server coalesces tokens into fewer SSE chunks)."""
+        return self.engine.tpot_ms
+
+    @property
+    def engine_ttft_ms(self) -> float | None:
+        """The server's mean TTFT of the first tokens made in the window (without their delivery to the client)."""
+        return self.engine.ttft_ms
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,19 @@ class Served:
     startup_health: tuple[str, ...] = ()
     #: where a window's progress lines go besides the log (the terminal, when the session shows progress)
     progress_sink: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    #: how many servers started at the same time as this one (the pool's parallel starts), for the context
+    started_together: int = 1
+    #: the server's processes on this host (attach mode: found from its port, or named), for the context
+    server_pids: tuple[int, ...] = ()
+    #: the window shapes (`warm.shape_key`) this server has run a warm pass of since it started
+    warmed: set[ShapeKey] = field(default_factory=set, compare=False, repr=False)
+    #: the first of `fresh_seed`'s seeds: 1 for a server this session started (its cache is empty), a value drawn
+    #: per session for an attached one (its prefix cache may hold an earlier session's prompts)
+    first_seed: int = 1
+    _seeds: Iterator[int] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_seeds", itertools.count(self.first_seed))
 
     @property
     def base_url(self) -> str:
@@ -86,6 +106,12 @@ class Served:
             liveness=self.server.check_alive,
             progress=progress,
         )
+
+    def fresh_seed(self) -> int:
+        """A seed no earlier window of this server used (``first_seed``, then the next, … in the order asked): random
+        prompts that this server has not seen, so that vLLM's prefix cache (on by default) cannot shorten a window's
+        prefills with an earlier window's or warm pass's blocks."""
+        return next(self._seeds)
 
     def random_requests(self, count: int, input_len: int, output_len: int, *, seed: int = 0) -> list[Request]:
         """Random-token prompts. With a known vocabulary: ids in [16, min(vocab, 32000)) (the tiny model's
@@ -127,14 +153,22 @@ class Served:
         requests: Sequence[Request],
         shape: LoadShape,
         *,
-        warmup: Sequence[Request] = (),
+        warm: Sequence[Request] = (),
         slo: Slo | None = None,
         endpoint: Endpoint = Endpoint.COMPLETIONS,
     ) -> SpecWindow:
-        """Warm up, then scrape counters, run the window, scrape again: acceptance covers exactly the window."""
+        """Warm the server with ``warm`` under the window's own shape (unless it already ran a pass of this shape),
+        then scrape, run the window, scrape again: acceptance and the server's figures cover exactly the window."""
         client = self.client(endpoint)
-        if warmup:
-            client.run(warmup, shape)
+        key = shape_key(requests, shape, endpoint)
+        done = WarmPass(0, note=ALREADY_WARM if warm else NOT_ASKED)
+        if warm and key not in self.warmed:
+            t0 = time.perf_counter()
+            passed = client.run(warm, shape)
+            done = WarmPass(len(warm), time.perf_counter() - t0, passed.metrics.failed)
+            self.warmed.add(key)
+            if done.failed:
+                log.warning("%s: %d of %d warm-pass requests failed", self.profile.name, done.failed, len(warm))
         first = parse(self.scrape())
         window = client.run(requests, shape, slo=slo)
         last = parse(self.scrape())
@@ -142,14 +176,7 @@ class Served:
         stats = None
         if before is not None and after is not None and after.drafts > before.drafts:
             stats = acceptance(before, after)
-        return SpecWindow(window, stats, engine_tpot_ms=_mean_ms(first, last, ENGINE_TPOT),
-                          engine_ttft_ms=_mean_ms(first, last, ENGINE_TTFT))
-
-
-def _mean_ms(before: Scrape, after: Scrape, name: str) -> float | None:
-    """A seconds histogram's mean over the observations between two scrapes, in ms (None: not exported)."""
-    seconds = histogram_mean_delta(before, after, name)
-    return None if seconds is None else seconds * 1000.0
+        return SpecWindow(window, stats, engine=engine_figures(first, last), warm=done)
 
 
 def vocab_size_of(model_dir: Path) -> int | None:

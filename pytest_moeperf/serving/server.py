@@ -72,6 +72,8 @@ class LaunchedServer:
         self.base_url = f"http://{host}:{port}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._started = 0.0
+        self._impostor = False  # another process answered /health on our port
 
     @property
     def pid(self) -> int | None:
@@ -91,35 +93,40 @@ class LaunchedServer:
             env={**os.environ, **self.env},
             start_new_session=True,  # own process group: stop() reaches the engine workers too
         )
+        self._started = time.monotonic()
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
-        """Seconds until ``/health`` answered 200 from this server (its own session listens on the port); raises
-        :class:`PortTaken` when another process had taken the port, :class:`ServerStartError` otherwise (and
-        stops the server either way)."""
-        t0 = time.monotonic()
-        impostor = False
+        """Seconds from `start` until ``/health`` answered 200 from this server (its own session listens on the
+        port); raises :class:`PortTaken` when another process had taken the port, :class:`ServerStartError`
+        otherwise (and stops the server either way)."""
         while True:
-            rc = self.returncode()
-            if rc is not None:
-                self.stop()
-                if self._lost_port():
-                    raise PortTaken(f"{self.describe()} exited with code {rc} while starting: port {self.port} was "
-                                    f"taken by another process before the server bound it ({ADDRESS_IN_USE})\n"
-                                    f"{self.log_tail()}")
-                raise ServerStartError(f"{self.describe()} exited with code {rc} while starting\n{self.log_tail()}")
-            status, _ = http_get(self.base_url + "/health", timeout_s=2.0)
-            if status == 200 and self.pid is not None and session_listens(self.pid, self.port) is False:
-                impostor, status = True, 0  # another process answers on our port: ours has not bound it
-            if status == 200:
-                return time.monotonic() - t0
-            if time.monotonic() - t0 > timeout_s:
-                self.stop()
-                seen = (f"another process answers on port {self.port}" if impostor
-                        else f"last /health status {status}")
-                raise ServerStartError(
-                    f"{self.describe()} not healthy after {timeout_s:.0f} s ({seen})\n{self.log_tail()}"
-                )
+            took = self.check_start(timeout_s)
+            if took is not None:
+                return took
             time.sleep(poll_s)
+
+    def check_start(self, timeout_s: float) -> float | None:
+        """One look at a starting server: seconds from `start` to now once ``/health`` answers 200 from it, None
+        while it is still starting; raises as `wait_healthy` does when it exited or ran out of time."""
+        rc = self.returncode()
+        if rc is not None:
+            self.stop()
+            if self._lost_port():
+                raise PortTaken(f"{self.describe()} exited with code {rc} while starting: port {self.port} was "
+                                f"taken by another process before the server bound it ({ADDRESS_IN_USE})\n"
+                                f"{self.log_tail()}")
+            raise ServerStartError(f"{self.describe()} exited with code {rc} while starting\n{self.log_tail()}")
+        status, _ = http_get(self.base_url + "/health", timeout_s=2.0)
+        if status == 200 and self.pid is not None and session_listens(self.pid, self.port) is False:
+            self._impostor, status = True, 0  # another process answers on our port: ours has not bound it
+        took = time.monotonic() - self._started
+        if status == 200:
+            return took
+        if took > timeout_s:
+            self.stop()
+            seen = f"another process answers on port {self.port}" if self._impostor else f"last /health status {status}"
+            raise ServerStartError(f"{self.describe()} not healthy after {timeout_s:.0f} s ({seen})\n{self.log_tail()}")
+        return None
 
     def _lost_port(self) -> bool:
         try:

@@ -120,9 +120,10 @@ def parse_fraction(text: str) -> float:
     return value
 
 
-def parse_floor(text: str) -> float | None:
-    """A fraction such as ``0.03``, or ``off`` (None)."""
-    return None if text.strip().lower() in ("off", "none") else parse_fraction(text)
+def parse_floor(text: str) -> float:
+    """A fraction such as ``0.03``, or ``off``: infinity, a floor that is never below the minimum effect (None
+    would read as "not given" and fall back to the default)."""
+    return math.inf if text.strip().lower() in ("off", "none") else parse_fraction(text)
 
 
 def parse_seconds(text: str) -> float:

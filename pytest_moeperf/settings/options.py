@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_moeperf.settings.checks import (
+    at_least,
     http_url,
     parse_bool,
     parse_cores,
@@ -33,6 +34,11 @@ def parse_server_urls(text: str) -> tuple[str, ...]:
         name, sep, url = item.rpartition("=") if "=" in item.split("://", 1)[0] else ("", "", item)
         out.append(f"{name}={http_url(url).rstrip('/')}" if sep else http_url(url).rstrip("/"))
     return tuple(out)
+
+
+def parse_pids(text: str) -> tuple[int, ...]:
+    """Process ids (integers >= 1), several separated by whitespace or commas (ini)."""
+    return tuple(at_least(1)(item) for item in text.replace(",", " ").split())
 
 
 def parse_emulation(text: str) -> str | None:
@@ -97,6 +103,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("server-url", "server_urls", "measure the running OpenAI-compatible vLLM server at URL instead of "
            "launching servers (repeatable; NAME=URL names it, reference=URL and candidate=URL pair two servers "
            "for the spec-decode speedup)", "[NAME=]URL", parse_server_urls, (), repeat=True),
+    Option("server-pid", "server_pids", "count process PID and its descendants as the attached server's for the "
+           "health gate, when its listening port does not name it here (another user's server, a container); "
+           "repeatable", "PID", parse_pids, (), repeat=True),
     Option("server-timeout", "server_timeout_s", "seconds to wait for a launched server's /health",
            "SECONDS", parse_seconds, 600.0),
     Option("rank-timeout", "rank_timeout_s", "seconds before a multi-process run is declared hung and killed",
@@ -175,7 +184,7 @@ class Settings:
     noise_k: float
     rounds: int
     confirm: int
-    quiet_floor: float | None
+    quiet_floor: float  # inf: off
     host_id: str | None
     accept_shift: bool
     health: bool
@@ -186,6 +195,7 @@ class Settings:
     html: Path | None = None
     emulation: str | None = None
     round_of: str | None = None  # "i/N" in a --moeperf-rounds child
+    server_pids: tuple[int, ...] = ()
 
 
 def _escaped(text: str) -> str:

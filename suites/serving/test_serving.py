@@ -4,9 +4,12 @@ The profiles are data (``--moeperf-profiles``, default ``suites/serving/profiles
 ``--moeperf-server-url``): ``pytest_generate_tests`` below runs every no-speculation profile (every attached
 server) through the plan of its device. Random-token prompts of fixed lengths with ``ignore_eos``; a concurrency
 sweep in closed loop, an open-loop request rate (Poisson and bursty gamma arrivals), and the chat endpoint. Every
-window records TTFT, TPOT, ITL, E2EL (ms, lower is better), request/output/total-token throughput and goodput
-(higher is better), and fails on any failed request (a short answer is one). Each launched profile's time to
-healthy is recorded once (``startup_s``).
+window records TTFT, TPOT, ITL, E2EL (ms, lower is better), their p90 (and p99 from `Workload.p99_from` clients on)
+with order-statistic bounds, the server's own figures (``engine_*``), request/output/total-token throughput and
+goodput (higher is better), and fails on any failed request (a short answer is one). Before each window an
+unmeasured pass of the same shape warms the server; a window whose first and last quarter differ (drift) says so.
+Each window is sized to bound the percentiles it gates (p90: 29 requests, p99: 299). Each launched profile's time
+to healthy is recorded once (``startup_s``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, LoadShape, Open
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.plugin import profile_params, profiles_for
 from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.recording import PerfRecorder, record_serving, record_startup
+from pytest_moeperf.serving.recording import PerfRecorder, record_startup, record_window
 from pytest_moeperf.serving.served import Served
+from pytest_moeperf.serving.tails import requests_needed
+from pytest_moeperf.serving.warm import warm_count
 from pytest_moeperf.settings import Settings
 
 # A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from
@@ -35,20 +40,36 @@ CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters
 
 @dataclass(frozen=True)
 class Workload:
-    requests: int
+    requests: int  # per window, at least (the profile's ``requests`` overrides it), before sizing for the tails
     input_len: int
     output_len: int
-    warmup: int
+    warmup: int  # the warm pass's floor (`warm.warm_count`)
     slo: Slo
     concurrencies: tuple[int, ...]
     rates: tuple[tuple[float, float], ...]  # (requests/s, burstiness)
+    p99_from: int  # closed loops from this concurrency on also gate p99 (299 requests, seconds there); p90 everywhere
+
+    def tails(self, shape: LoadShape) -> tuple[float, ...]:
+        return (90.0, 99.0) if isinstance(shape, ClosedLoop) and shape.concurrency >= self.p99_from else (90.0,)
 
 
-# Per device: the CPU numbers keep CI within minutes; the GPU ones are the investigation's decode-heavy chat.
+# Per device: the CPU numbers keep CI within minutes (29 requests: p90 bounded); the GPU ones are the investigation's
+# decode-heavy chat (p99 at c=16 and c=64: 299 requests, ~10 s a window on 1x H200).
 WORKLOADS = {
-    "cpu": Workload(24, 128, 64, 2, Slo(ttft_ms=1000, tpot_ms=50), (1, 4), ((8.0, 1.0), (8.0, 0.5))),
-    "cuda": Workload(200, 1024, 256, 8, Slo(ttft_ms=2000, tpot_ms=50), (1, 16, 64), ((4.0, 1.0),)),
+    "cpu": Workload(29, 128, 64, 2, Slo(ttft_ms=1000, tpot_ms=50), (1, 4), ((8.0, 1.0), (8.0, 0.5)), 1 << 30),
+    "cuda": Workload(200, 1024, 256, 8, Slo(ttft_ms=2000, tpot_ms=50), (1, 16, 64), ((4.0, 1.0),), 16),
 }
+
+
+def window_size(served: Served, shape: LoadShape, quick: bool) -> tuple[int, tuple[float, ...]]:
+    """Requests in the window and the percentiles it gates: the profile's (or the workload's) count, raised to what
+    the percentiles need; ``--moeperf-quick`` halves the count and does not raise it (its tails are not gated)."""
+    wl = WORKLOADS[served.profile.device]
+    full = served.profile.requests or wl.requests
+    tails = wl.tails(shape)
+    if quick:
+        return max(8, full // 2), tails
+    return max(full, *(requests_needed(p) for p in tails)), tails
 
 
 def measured(config: pytest.Config) -> list[ServeProfile]:
@@ -89,13 +110,13 @@ def measure_and_record(
     served: Served, perf: PerfRecorder, shape: LoadShape, settings: Settings, endpoint: Endpoint
 ) -> None:
     wl = WORKLOADS[served.profile.device]
-    full = served.profile.requests or wl.requests
-    count = max(8, full // 2) if settings.quick else full
+    count, tails = window_size(served, shape, settings.quick)
+    warm = warm_count(shape, count, wl.warmup)
     if endpoint is Endpoint.CHAT:
-        requests = served.prompt_set(PROMPTS, count + wl.warmup, wl.output_len, seed=1)
-    else:
-        requests = served.random_requests(count + wl.warmup, wl.input_len, wl.output_len, seed=0)
-    result = served.measure(requests[wl.warmup :], shape, warmup=requests[: wl.warmup], slo=wl.slo, endpoint=endpoint)
+        requests = served.prompt_set(PROMPTS, count + warm, wl.output_len, seed=served.fresh_seed())
+    else:  # prompts no earlier window sent: the prefix cache would shorten their prefills
+        requests = served.random_requests(count + warm, wl.input_len, wl.output_len, seed=served.fresh_seed())
+    result = served.measure(requests[warm:], shape, warm=requests[:warm], slo=wl.slo, endpoint=endpoint)
     perf.context(
         profile=served.profile.name,
         model=served.profile.model,
@@ -105,13 +126,13 @@ def measure_and_record(
         input_len=wl.input_len if endpoint is Endpoint.COMPLETIONS else None,
         output_len=wl.output_len,
         requests=count,
+        server_pids=",".join(map(str, served.server_pids)) or None,
     )
     # the engine's TPOT tells a window whose answers arrived in bursts from a fast one: seen in a clean-clone CI
     # run, chat closed loop on 2 cores, client TTFT 31 -> 401 ms = E2EL with TPOT 0.013 ms, every answer in >= 3
     # chunks (a role chunk, the text, the finish), so the chunk count alone did not see it; the engine's TTFT tells
     # a window whose first tokens reached the client late, however the rest streamed
-    record_serving(perf, result.window, served.profile.tolerances, engine_tpot_ms=result.engine_tpot_ms,
-                   engine_ttft_ms=result.engine_ttft_ms)  # fmt: skip
+    record_window(perf, result, served.profile.tolerances, tails=tails)
 
 
 def test_startup(served: Served, perf: PerfRecorder) -> None:

@@ -28,11 +28,15 @@ from pytest_moeperf.serving.recording import (
     PerfRecorder,
     check_failures,
     record_acceptance,
+    record_engine,
     record_latencies,
     record_startup,
+    record_window_facts,
 )
 from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.speedup import PairResult, measure_pair
+from pytest_moeperf.serving.tails import requests_needed
+from pytest_moeperf.serving.warm import warm_count
 from pytest_moeperf.settings import Settings
 
 # A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from
@@ -48,13 +52,18 @@ PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 
 
 @dataclass(frozen=True)
 class Workload:
-    requests: int
+    requests: int  # per decode window, at least (the profile's ``requests`` overrides it)
     output_len: int
-    warmup: int
+    warmup: int  # the warm pass's floor (`warm.warm_count`)
     concurrencies: tuple[int, ...]
 
 
-WORKLOADS = {"cpu": Workload(24, 96, 2, (1, 4)), "cuda": Workload(200, 256, 8, (1, 8, 32))}
+WORKLOADS = {"cpu": Workload(29, 96, 2, (1, 4)), "cuda": Workload(200, 256, 8, (1, 8, 32))}
+#: the decode windows gate the p90 of TTFT and ITL (29 requests bound it at 95 %)
+TAILS = (90.0,)
+#: a speedup window's requests, at least (and two per client): its figure is the engine's mean TPOT over every token
+#: of the window (4 x 255 steps at c=1 on the GPU), and the rounds, not the requests, are the speedup's samples
+SPEEDUP_REQUESTS = 4
 
 
 def decoded(config: pytest.Config) -> list[ServeProfile]:
@@ -78,7 +87,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     elif name == "test_decode":
         profile_params(metafunc, profiles, ["concurrency"], per_concurrency, lengths=lengths)
     elif name == "test_speedup":
-        candidates = [p for p in profiles if p.speculates and p.reference is not None]
+        # a speculating profile that names its reference, or an attached candidate=URL (whatever it runs)
+        candidates = [p for p in profiles if p.reference is not None and (p.speculates or p.attached_url is not None)]
         # by name: the pair's measurement starts the servers it needs, in the order it needs them
         profile_params(
             metafunc, candidates, ["concurrency"], per_concurrency, lengths=lengths, argname="candidate_name"
@@ -86,11 +96,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def decode_window(served: Served, concurrency: int, quick: bool) -> SpecWindow:
+    """A window sized to bound its p90s (``--moeperf-quick``: half the count, tails not gated), after a warm pass
+    of its shape (`warm.warm_count`)."""
     wl = WORKLOADS[served.profile.device]
     full = served.profile.requests or wl.requests
-    count = max(8, full // 2) if quick else full
-    requests = served.prompt_set(PROMPTS, count + wl.warmup, wl.output_len, seed=0)
-    return served.measure(requests[wl.warmup :], ClosedLoop(concurrency), warmup=requests[: wl.warmup])
+    count = max(8, full // 2) if quick else max(full, *(requests_needed(p) for p in TAILS))
+    shape = ClosedLoop(concurrency)
+    warm = warm_count(shape, count, wl.warmup)
+    requests = served.prompt_set(PROMPTS, count + warm, wl.output_len, seed=0)
+    return served.measure(requests[warm:], shape, warm=requests[:warm])
 
 
 def tpot_ms(window: SpecWindow) -> float:
@@ -134,14 +148,12 @@ def test_decode(
     describe(perf, served.profile, concurrency)
     tol = served.profile.tolerances
     check_failures(result.window.metrics)
+    record_window_facts(perf, result, tol)  # the warm pass's cost and the drift check, before anything is recorded
     # seen in a clean-clone CI run: client TTFT 51 -> 439 ms while client TPOT 4.5 ms ~ the engine's 4.9 ms; the
     # engine's TTFT tells such a window (first tokens late on their way to the client) and guards TTFT in it
     record_latencies(perf, result.window, tol, e2el=False, engine_tpot_ms=result.engine_tpot_ms,
-                     engine_ttft_ms=result.engine_ttft_ms)  # fmt: skip
-    if result.engine_tpot_ms is not None:
-        perf.record("engine_tpot_ms", result.engine_tpot_ms, unit="ms", better="lower", tolerance=tol.latency)
-    if result.engine_ttft_ms is not None:
-        perf.record("engine_ttft_ms", result.engine_ttft_ms, unit="ms", better="lower", tolerance=tol.ttft)
+                     engine_ttft_ms=result.engine_ttft_ms, tails=TAILS)  # fmt: skip
+    record_engine(perf, result.engine, tol)
     perf.record(
         "output_throughput", result.window.metrics.output_throughput, unit="tok/s", better="higher",
         tolerance=tol.throughput,
@@ -186,11 +198,13 @@ def test_speedup(
     assert reference is not None, f"profile {candidate.name} names no reference profile"
     wl = WORKLOADS[candidate.device]
     rounds = 2 if moeperf_settings.quick else 4
-    per_round = (candidate.requests or wl.requests) // rounds
 
     def measure(server: Served, c: int, r: int) -> float:
-        requests = server.prompt_set(PROMPTS, max(2 * c, per_round), wl.output_len, seed=100 + r)
-        window = server.measure(requests, ClosedLoop(c))
+        count = max(2 * c, SPEEDUP_REQUESTS)
+        requests = server.prompt_set(PROMPTS, count, wl.output_len, seed=100 + r)
+        # a server the decode windows already warmed at this shape runs no second pass (`Served.measure`)
+        warm = server.prompt_set(PROMPTS, warm_count(ClosedLoop(c), count, wl.warmup), wl.output_len, seed=99)
+        window = server.measure(requests, ClosedLoop(c), warm=warm)
         check_failures(window.window.metrics)
         return tpot_ms(window)
 

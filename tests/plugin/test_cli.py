@@ -36,7 +36,7 @@ def test_topology_rejects_a_bad_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     done = moeperf("topology", "--topology", str(bad))
-    assert done.returncode == 2 and "expected a JSON object" in done.stderr
+    assert done.returncode == 2 and "must hold a JSON object" in done.stderr
 
 
 def test_baselines_diff_against_git_shows_the_update(tmp_path: Path) -> None:

@@ -294,7 +294,7 @@ def test_serve_profile_folders(capsys: pytest.CaptureFixture[str], files: Path,
     assert failed(capsys, "serve", "p", "--profiles", str(files / "folder")).endswith(
         f"no profile 'p': {files / 'folder'} holds no *.json profiles")
     (files / "folder" / "p.json").write_bytes(b"\xff")
-    assert "p.json: not UTF-8 text" in failed(capsys, "serve", "p", "--profiles", str(files / "folder"))
+    assert "p.json is not UTF-8 text" in failed(capsys, "serve", "p", "--profiles", str(files / "folder"))
     monkeypatch.chdir(files)
     assert "no suites/serving/profiles here: run from the project root or pass --profiles DIR" in failed(
         capsys, "serve", "p")
@@ -305,4 +305,4 @@ def test_no_traceback_as_a_process(files: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "pytest_moeperf.cli", "topology", "--topology",
                            str(files / "folder")], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2
-    assert done.stderr == f"moeperf topology: topology file {files / 'folder'} is a directory\n"
+    assert done.stderr == f"moeperf topology: topology file {files / 'folder'} is a directory, not a file\n"

@@ -53,3 +53,10 @@ def test_architecture_names_every_module_and_only_modules_that_exist() -> None:
 def test_no_package_module_is_longer_than_400_lines() -> None:
     long = {m: n for m in _package_modules() if (n := len((PACKAGE / m).read_text().splitlines())) > 400}
     assert long == {}, f"split these modules (one concept each, at most 400 lines): {long}"
+
+
+def test_the_core_stays_small() -> None:
+    """At most 10 top-level modules (the rest lives in sub-packages by concept); the session adapters stay thin."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 10, top
+    assert len((PACKAGE / "session.py").read_text().splitlines()) <= 150

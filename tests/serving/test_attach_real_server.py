@@ -1,14 +1,22 @@
 """Attach mode against a real vLLM CPU server this test starts by hand (as a user runs ``vllm serve``): the serving
 and spec-decode suites, run in a pytester session with ``--moeperf-server-url``, measure it: results, not skips.
-The chat test reaches ``/v1/chat/completions`` (the server's own request counter says so)."""
+The chat test reaches ``/v1/chat/completions`` (the server's own request counter says so). Every window warms the
+server first, checks itself for drift and records the server's own figures beside the client's; the server's
+processes are the session's own for the health gate; attached twice (reference and candidate), the speedup is
+measured. The cross-check prints the server's figures beside both clients'. One server start for the module."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +36,13 @@ def _chat_requests(base_url: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def hand_started_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
-    model = ensure_tiny_model(tmp_path_factory.mktemp("models"))
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def hand_started_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
+    model = tiny_model
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", "my-tiny-moe", "--load-format", "dummy", "--max-model-len", "1024",
@@ -44,14 +57,30 @@ def hand_started_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[La
         server.stop()
 
 
+def copy_suites(pytester: pytest.Pytester) -> None:
+    for suite in ("serving", "specdecode"):
+        shutil.copytree(REPO / "suites" / suite, pytester.path / "suites" / suite,
+                        ignore=shutil.ignore_patterns("profiles", "__pycache__", "*.md"))  # fmt: skip
+
+
+def entries(report: Path) -> dict[str, dict[str, Any]]:
+    """The JSON report's metrics by ``<test>::<metric>``, each with its context and verdict (``extra_info``)."""
+    return {b["name"]: b["extra_info"] for b in json.loads(report.read_text())["benchmarks"]}
+
+
+def server_tree(server: LaunchedServer) -> set[int]:
+    import psutil
+
+    root = psutil.Process(server.pid)
+    return {root.pid, *(p.pid for p in root.children(recursive=True))}
+
+
 def test_attach_mode_measures_a_server_the_suite_did_not_start(
     pytester: pytest.Pytester,
     run_moeperf,
     hand_started_server: LaunchedServer,  # type: ignore[no-untyped-def]
 ) -> None:
-    for suite in ("serving", "specdecode"):
-        shutil.copytree(REPO / "suites" / suite, pytester.path / "suites" / suite,
-                        ignore=shutil.ignore_patterns("profiles", "__pycache__", "*.md"))  # fmt: skip
+    copy_suites(pytester)
     url = hand_started_server.base_url
     chats_before = _chat_requests(url)
     report = pytester.path / "report.json"
@@ -65,3 +94,67 @@ def test_attach_mode_measures_a_server_the_suite_did_not_start(
     text = report.read_text()
     assert "test_closed_loop[my-tiny-moe-c4]" in text and "test_decode[my-tiny-moe-c1]" in text
     assert _chat_requests(url) > chats_before, "test_chat_closed_loop never called /v1/chat/completions"
+    metrics = entries(report)
+    c1 = {k.rsplit("::", 1)[1]: v for k, v in metrics.items() if k.startswith("test_closed_loop[my-tiny-moe-c1]")}
+    # the server's own figures beside the client's, a warm pass of the window's shape, the drift check
+    assert {"engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms", "engine_queue_ms"} <= set(c1)
+    context = c1["ttft_ms"]
+    assert context["warm_requests"] == 2 and context["warm_s"] > 0 and "drift" in context
+    assert context["engine_requests"] == context["requests"]  # the server counted exactly the window's requests
+    # --moeperf-quick windows are too small to bound a p90: recorded, INCONCLUSIVE with the reason, never gated
+    assert c1["ttft_p90_ms"]["verdict"] == "INCONCLUSIVE" and "cannot bound the p90" in c1["ttft_p90_ms"]["reason"]
+    # the attached server's processes are the session's own: found from its port, never named as foreign load
+    assert context["server_pids"] == str(hand_started_server.pid)
+    tree = server_tree(hand_started_server)
+    for name, info in metrics.items():
+        named = {int(p) for p in re.findall(r"pid (\d+)", str(info.get("reason", "")))}
+        assert not named & tree, f"{name}: the attached server counted as foreign load: {info['reason']}"
+
+
+def test_two_attached_urls_measure_the_speedup_and_a_full_window_bounds_its_p90(
+    pytester: pytest.Pytester,
+    run_moeperf,
+    hand_started_server: LaunchedServer,  # type: ignore[no-untyped-def]
+) -> None:
+    """The same server attached as reference and as candidate: the machinery of the pair (alternating windows,
+    the engine's TPOT per round), not a speedup figure (it is ~1). A window of the full CPU size bounds its p90."""
+    copy_suites(pytester)
+    url = hand_started_server.base_url
+    report = pytester.path / "report.json"
+    engine_core = max(server_tree(hand_started_server) - {hand_started_server.pid})
+    pair = ("--moeperf-server-url", f"reference={url}", "--moeperf-server-url", f"candidate={url}",
+            "--moeperf-server-pid", str(engine_core))  # fmt: skip
+    result = run_moeperf("suites", *pair, "--moeperf-quick", f"--moeperf-report={report}", "-k", "speedup")
+    result.assert_outcomes(passed=2)  # c1, c4
+    speedup = entries(report)["test_speedup[candidate-my-tiny-moe-c1]::speedup"]
+    assert speedup["speedup_method"] == "alternating windows" and speedup["reference"] == "reference-my-tiny-moe"
+    assert 0.5 < speedup["round_medians"][0] < 2.0
+    full = pytester.path / "full.json"
+    result = run_moeperf("suites", *pair, f"--moeperf-report={full}", "-k",
+                         "test_closed_loop and reference and c1")  # fmt: skip
+    result.assert_outcomes(passed=1)
+    c1 = {k.rsplit("::", 1)[1]: v for k, v in entries(full).items()}
+    assert c1["ttft_ms"]["requests"] == 29 and c1["ttft_ms"]["drift"].startswith(("none", "drifted"))
+    assert c1["ttft_ms"]["server_pids"] == f"{hand_started_server.pid},{engine_core}"  # found, and named
+    p90 = c1["ttft_p90_ms"]
+    assert p90["tail_requests_needed"] == 29 and p90["tail_ci_low"] <= p90["round_medians"][0] <= p90["tail_ci_high"]
+    assert "cannot bound" not in str(p90.get("reason", ""))  # bounded: gated (NEW here), not set aside
+
+
+def test_the_crosscheck_prints_the_servers_figures_beside_both_clients(
+    hand_started_server: LaunchedServer, tiny_model: Path
+) -> None:
+    argv = [sys.executable, "-m", "pytest_moeperf.serving.crosscheck", "--base-url", hand_started_server.base_url,
+            "--model", "my-tiny-moe", "--tokenizer", str(tiny_model), "--num-prompts", "6", "--rounds", "1",
+            "--server-warmup", "0", "--warmup", "1", "--concurrency", "2"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "| metric | vllm.benchmarks.serve | server (its windows) | pytest-moeperf | server (our windows) " \
+           "| ours/vLLM | ours/server | vLLM/server |" in lines
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines
+           if line.startswith("| mean TPOT ms") or line.startswith("| output tok/s") or line.startswith("| median")}
+    assert all(float(v) > 0 for v in row["mean TPOT ms"][:4])  # both clients and the server during each
+    # throughput: the server counted the same tokens as each client, over the same wall time
+    assert row["output tok/s"][5] == "1.000" and row["output tok/s"][6] == "1.000"
+    assert row["median TPOT ms"][1] == "-"  # the server gives means, not medians

@@ -1,5 +1,6 @@
-"""What fits on one box (GPU memory shares, one CPU server), how the speedup is paired (alternating windows vs
-A-B-A restarts, and the drift the A-B-A shows), and the attach-mode URL syntax. Pure units: no server starts."""
+"""What fits on one box (GPU memory shares, one CPU server), which servers start together, how the speedup is
+paired (alternating windows vs A-B-A restarts, and the drift the A-B-A shows), and the attach-mode URL syntax. Pure
+units: no server starts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.serving.attach import split_url
-from pytest_moeperf.serving.pool import GPU_SHARE_BUDGET, Placement, ServerPool, pin_gpus, place
+from pytest_moeperf.serving.pool import (
+    GPU_SHARE_BUDGET,
+    Placement,
+    ServerPool,
+    companions,
+    fixes_kv_cache,
+    parallel_starts,
+    pin_gpus,
+    place,
+)
 from pytest_moeperf.serving.profiles import ServeProfile, load_profiles
 from pytest_moeperf.serving.speedup import ABA, ALTERNATING, measure_pair
 from pytest_moeperf.settings import parse_server_urls
@@ -107,3 +117,21 @@ def test_server_url_syntax() -> None:
 def test_servers_are_pinned_to_their_gpus_in_pci_order() -> None:
     assert pin_gpus((0, 1), None) == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert pin_gpus((1,), "4,5")["CUDA_VISIBLE_DEVICES"] == "5"  # inside the user's own list
+
+
+def test_starts_run_together_only_where_the_host_and_the_gpu_memory_allow() -> None:
+    assert (parallel_starts(2), parallel_starts(16), parallel_starts(32)) == (1, 4, 8)
+    tp1 = [PROFILES[f"gpu-tiny-tp1-{s}"] for s in ("nospec", "ngram", "draft", "eagle3")]
+    assert all(fixes_kv_cache(p) for p in tp1)  # vLLM sizes their KV cache from the argument, not from free memory
+    first = (tp1[0], Placement((0,), 0.2))
+    # 1x H200 with 16 CPUs: the four TP=1 profiles start at once (0.8 of the GPU in all)
+    group = companions(first, tp1, [], gpu_count=1, parallel=4)
+    assert [p.name for p, _ in group] == [p.name for p in tp1[1:]] and all(s == Placement((0,), 0.2) for _, s in group)
+    assert companions(first, tp1, [], gpu_count=1, parallel=1) == []  # a 2-core box: one at a time
+    assert len(companions(first, tp1, [Placement((0,), 0.4)], gpu_count=1, parallel=4)) == 1  # room for one more
+    profiled = gpu("profiled", 1, 0.2)  # sizes its KV cache from the free memory: never beside another start
+    assert companions((profiled, Placement((0,), 0.2)), tp1, [], gpu_count=1, parallel=4) == []
+    assert companions(first, [profiled, tp1[1]], [], gpu_count=1, parallel=4) == [(tp1[1], Placement((0,), 0.2))]
+    cpu = PROFILES["cpu-tiny-nospec"]
+    assert companions((cpu, Placement((), 0.0)), [PROFILES["cpu-tiny-ngram"]], [], gpu_count=0, parallel=2) == [
+        (PROFILES["cpu-tiny-ngram"], Placement((), 0.0))]

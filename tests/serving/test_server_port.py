@@ -99,7 +99,7 @@ def test_the_pool_starts_again_on_a_fresh_port_when_its_port_was_taken(impostor:
 
 def test_the_listener_of_a_port_is_told_by_its_process_session(impostor: int, tmp_path: Path) -> None:
     """Without vLLM: a child process in a session of its own listens on one port; another port is held here."""
-    from pytest_moeperf.processes import start_in_session, terminate_sessions
+    from pytest_moeperf.processes.lifecycle import start_in_session, terminate_sessions
     from pytest_moeperf.serving.ports import session_listens
 
     ready = tmp_path / "port"

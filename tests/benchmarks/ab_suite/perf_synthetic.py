@@ -2,9 +2,10 @@
 
 Ten small pure-Python workloads, each timed 15 times after 3 warm-up calls in CPU time of the thread (as the CPU GEMM
 suite times: time the process was preempted by other jobs on a shared box is not counted; caches, memory bandwidth
-and clocks shared with them are), so their noise is the real noise of a process on this box: ``moeperf ab --aa -- tests/benchmarks/ab_suite/perf_synthetic.py`` measures the false-alarm
-rate; with ``-p moeperf_inject`` and ``--head-env MOEPERF_INJECT='*::time=1.05'`` (``PYTHONPATH`` naming
-``tests/benchmarks``) the head side is 5 % slower, and the run measures detection. See docs/measurements/ab.md.
+and clocks shared with them are), so their noise is the real noise of a process on this box:
+``moeperf ab --aa -- tests/benchmarks/ab_suite/perf_synthetic.py`` measures the false-alarm rate; with
+``-p moeperf_inject`` and ``--head-env MOEPERF_INJECT='*::time=1.05'`` (``PYTHONPATH`` naming ``tests/benchmarks``)
+the head side is 5 % slower, and the run measures detection. See docs/measurements/ab.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""The arbiter of the client's timing: the server's own figures over a window, from vLLM's ``/metrics``.
+
+Two scrapes bracket the measured window; the deltas of vLLM's histograms (sum and count) give the mean of every
+observation the server made in between. What each one times (vLLM 0.32, ``v1/metrics/stats.py``):
+
+* ``engine_ttft_ms`` (``vllm:time_to_first_token_seconds``): from the request's arrival at the API server (after
+  the HTTP body is parsed, before tokenization) to the output loop's receipt of the first token from the engine
+  core; without the SSE delivery to the client.
+* ``engine_tpot_ms`` (``vllm:request_time_per_output_token_seconds``): per finished request, (last token - first
+  token) / (tokens - 1) on engine-core timestamps: the client's TPOT without the delivery's jitter.
+* ``engine_itl_ms`` (``vllm:inter_token_latency_seconds``; ``vllm:time_per_output_token_seconds`` before it was
+  renamed): every gap between two engine-core outputs of one request, pooled, as vLLM's ITL is; under speculative
+  decoding one output carries several tokens, as one SSE chunk does.
+* ``engine_e2el_ms`` (``vllm:e2e_request_latency_seconds``): arrival to the last token, without delivery.
+* ``engine_queue_ms`` (``vllm:request_queue_time_seconds``): queued to first scheduled in the engine core.
+* the finished requests (``vllm:e2e_request_latency_seconds_count``) and output tokens
+  (``vllm:generation_tokens_total``) the server counted in the window: the client's throughput counts the same
+  tokens (the ``usage`` of each answer) over its own wall time, so the counts must agree.
+
+Anything else reaching the server between the scrapes (attach mode: other traffic) is counted too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_moeperf.serving.prometheus import Scrape, histogram_mean_delta
+
+__all__ = ["ENGINE_HISTOGRAMS", "EngineFigures", "engine_figures"]
+
+#: metric name -> vLLM histograms, the first the server exports wins (names of older releases after the current)
+ENGINE_HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "engine_ttft_ms": ("vllm:time_to_first_token_seconds",),
+    "engine_tpot_ms": ("vllm:request_time_per_output_token_seconds",),
+    "engine_itl_ms": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "engine_e2el_ms": ("vllm:e2e_request_latency_seconds",),
+    "engine_queue_ms": ("vllm:request_queue_time_seconds",),
+}
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+FINISHED = "vllm:e2e_request_latency_seconds_count"
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """The server's means over a window, ms (None: not exported, or nothing observed), and what it counted."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: float | None = None
+    e2el_ms: float | None = None
+    queue_ms: float | None = None
+    requests: int | None = None
+    output_tokens: int | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The figures by metric name (``engine_*``), leaving out what the server did not give."""
+        values = {"engine_ttft_ms": self.ttft_ms, "engine_tpot_ms": self.tpot_ms, "engine_itl_ms": self.itl_ms,
+                  "engine_e2el_ms": self.e2el_ms, "engine_queue_ms": self.queue_ms}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+def _mean_ms(before: Scrape, after: Scrape, names: Sequence[str]) -> float | None:
+    for name in names:
+        if after.select(name + "_count"):
+            seconds = histogram_mean_delta(before, after, name)
+            return None if seconds is None else seconds * 1000.0
+    return None
+
+
+def _delta(before: Scrape, after: Scrape, name: str) -> int | None:
+    first, last = before.total(name), after.total(name)
+    return None if first is None or last is None else round(last - first)
+
+
+def engine_figures(before: Scrape, after: Scrape) -> EngineFigures:
+    """The server's figures over the window between two scrapes."""
+    means = {key: _mean_ms(before, after, names) for key, names in ENGINE_HISTOGRAMS.items()}
+    return EngineFigures(ttft_ms=means["engine_ttft_ms"], tpot_ms=means["engine_tpot_ms"],
+                         itl_ms=means["engine_itl_ms"], e2el_ms=means["engine_e2el_ms"],
+                         queue_ms=means["engine_queue_ms"], requests=_delta(before, after, FINISHED),
+                         output_tokens=_delta(before, after, GENERATION_TOKENS))

@@ -1,0 +1,83 @@
+"""Stored-baseline verdicts that know which machine they came from (issue 20), through real pytest sessions.
+
+A synthetic metric (20 samples, 0.3 % noise) recorded in 3 ``--moeperf-update`` sessions on host A: judged on host
+B at ×1.30 it is never REGRESSED (another host's baseline, no spread between hosts known); on host A at ×1.05 with
+default options it is REGRESSED (its runs agree to well under 1 %: the quiet floor, 3 %, is its mde); a 2-run
+baseline at ×1.30 is not REGRESSED (too few runs to know the noise).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+SYNTHETIC = """
+import os, random
+
+def test_kernel(perf):
+    rng = random.Random(os.environ.get("SEED", "0"))
+    scale = float(os.environ.get("SCALE", "1"))
+    perf.record("time", [100.0 * scale * (1 + rng.gauss(0, 0.003)) for _ in range(20)], unit="us")
+"""
+
+
+def _record(run_moeperf, monkeypatch: pytest.MonkeyPatch, host: str, sittings: int) -> None:  # type: ignore[no-untyped-def]
+    for seed in range(sittings):
+        if seed:
+            time.sleep(1.1)  # a sitting is an update of its own date (stamped to the second)
+        monkeypatch.setenv("SEED", f"record-{seed}")
+        assert run_moeperf("--moeperf-update", "--moeperf-host-id", host).ret == pytest.ExitCode.OK
+
+
+def test_another_hosts_baseline_never_fires_and_this_hosts_detects_five_percent(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    _record(run_moeperf, monkeypatch, "A", 3)
+    stored = json.loads(next((pytester.path / "baselines").glob("*/test_syn.json")).read_text())
+    (entry,) = stored["metrics"].values()
+    assert [run["host"] for run in entry["runs"]] == ["A", "A", "A"] and "A" in stored["hosts"]
+
+    monkeypatch.setenv("SEED", "judge")
+    monkeypatch.setenv("SCALE", "1.30")
+    other = run_moeperf("--moeperf-host-id", "B")
+    assert other.ret == pytest.ExitCode.OK, other.stdout.str()
+    other.stdout.fnmatch_lines(["*test_syn.py::test_kernel::time*+29.9 %*(no spread)*INCONCLUSIVE",
+                                "INCONCLUSIVE *time: baseline from another host (1 other host) and no spread between "
+                                "hosts is known: record one here with --moeperf-update*"])
+    strict = run_moeperf("--moeperf-host-id", "B", "--moeperf-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+
+    monkeypatch.setenv("SCALE", "1.05")
+    same = run_moeperf("--moeperf-host-id", "A")
+    assert same.ret == pytest.ExitCode.TESTS_FAILED, same.stdout.str()
+    same.stdout.fnmatch_lines(["*time: baseline 100 us (3 runs) -> current 105 us (n=80, 4 rounds), change +4.9 % "
+                               "?lower is better; mde 3.0 %; spread * from 3 runs in 3 sittings; quiet: floor 3 %? "
+                               "-> REGRESSED: rank test p = 0.029"])
+
+
+def test_two_stored_runs_never_fire(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    _record(run_moeperf, monkeypatch, "A", 2)
+    monkeypatch.setenv("SCALE", "1.30")
+    result = run_moeperf("--moeperf-host-id", "A", "--moeperf-history", "off")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["INCONCLUSIVE *time: only 2 stored runs: the between-run noise is unknown; record "
+                                 "at least 3*"])
+
+
+def test_hosts_live_side_by_side_and_three_hosts_teach_the_spread_between_them(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_syn=SYNTHETIC)
+    for host, scale in (("A", "1.00"), ("B", "1.02"), ("C", "0.99")):
+        monkeypatch.setenv("SCALE", scale)
+        _record(run_moeperf, monkeypatch, host, 1)
+    (entry,) = json.loads(next((pytester.path / "baselines").glob("*/test_syn.json")).read_text())["metrics"].values()
+    assert sorted(run["host"] for run in entry["runs"]) == ["A", "B", "C"]
+    monkeypatch.setenv("SCALE", "1.50")
+    result = run_moeperf("--moeperf-host-id", "D", "--moeperf-history", "off")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*time: baseline * (3 runs) -> current *, change +5*spread * from between hosts "
+                                 "(3 other hosts)*REGRESSED*"])
