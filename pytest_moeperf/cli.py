@@ -1,5 +1,5 @@
 """The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget`` (and the wings'
-``history``, ``trend``, ``attribute``, ``serve``)."""
+``history``, ``trend``, ``attribute``, ``serve``, ``batch``)."""
 
 from __future__ import annotations
 
@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("attribute", help="per-component decode-step time from a vLLM profiler trace", add_help=False)
     sub.add_parser("serve", help="start the vLLM server a serve profile describes, until interrupted",
                    add_help=False)
+    sub.add_parser("batch", help="the perf suites of this checkout in one command: steps, rounds, update and A/A, "
+                   "a time budget, outputs in one folder", add_help=False)
     return parser
 
 
@@ -169,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf.serving.cli import main_serve
 
         return main_serve(args_list[1:])
+    if args_list[:1] == ["batch"]:
+        from pytest_moeperf.batch.cli import main_batch
+
+        return main_batch(args_list[1:])
     args = build_parser().parse_args(args_list)
     return int(args.func(args))
 
