@@ -1,5 +1,5 @@
-"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget``, ``ab`` (and the
-wings' ``history``, ``trend``, ``attribute``, ``serve``)."""
+"""The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget``, ``ab``, ``batch``
+(and the wings' ``history``, ``trend``, ``attribute``, ``serve``)."""
 
 from __future__ import annotations
 
@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("ab", help="base against head on this box: interleaved pytest processes, judged paired",
                    add_help=False)
+    sub.add_parser("batch", help="the perf suites of this checkout in one command: steps, rounds, update and A/A, "
+                   "a time budget, outputs in one folder", add_help=False)
     return parser
 
 
@@ -177,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf.serving.cli import main_serve
 
         return main_serve(args_list[1:])
+    if args_list[:1] == ["batch"]:
+        from pytest_moeperf.batch.cli import main_batch
+
+        return main_batch(args_list[1:])
     args = build_parser().parse_args(args_list)
     return int(args.func(args))
 

@@ -2,7 +2,13 @@
 decode-only windows, attribute the CPU operators of the worker trace, check the table adds up.
 
 One server for the module (the box is small): the CLI attributes a batch-1 window, the ``attribution``
-fixture a batch-4 window inside a real pytest session that writes the JSON report."""
+fixture a batch-4 window inside a real pytest session that writes the JSON report.
+
+Which operators fall into one profiler window depends on the host: on a busy 2-core box a window can fail (the
+server coalesced whole answers, so no stream was decoding while the profiler ran) or hold steps in which a
+component took no traced time (seen: 0.0 µs of dense GEMM). So every window that attributes is checked for what
+is guaranteed (decode steps, every component classified, the parts tile the step, no all-reduce at TP=1), and the
+components a tiny MoE runs must each appear within a bounded number of windows."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.attribution.classify import COMPONENTS, OTHER
+from pytest_moeperf.attribution.classify import ALL_REDUCE, ATTENTION, COMPONENTS, DENSE, OTHER, ROUTED
 from pytest_moeperf.attribution.cli import MAX_SUM_ERROR, main_attribute
 
 pytestmark = pytest.mark.skipif(
@@ -27,13 +33,29 @@ pytestmark = pytest.mark.skipif(
 
 PROFILES = Path(__file__).parents[2] / "suites" / "serving" / "profiles"
 
-FIXTURE_TEST = """
+#: windows tried before giving up (each a few seconds; on a quiet box the first one does)
+ATTEMPTS = 6
+#: what a tiny MoE at TP=1 on CPU runs in a decode step: experts, dense projections, attention
+EXPECTED = {ROUTED, DENSE, ATTENTION}
+
+FIXTURE_TEST = f"""
 import os
 from pathlib import Path
 
+from pytest_moeperf.attribution.trace import TraceError
+from pytest_moeperf.attribution.window import WindowError
+
 def test_decode_attribution(attribution):
-    a = attribution.profile(os.environ["MOEPERF_TEST_URL"], Path(os.environ["MOEPERF_TEST_TRACES"]), batch=4,
-                            decode_tokens=6, max_tokens=900)
+    failed = []
+    for _ in range({ATTEMPTS}):  # a failed window records nothing: try another
+        try:
+            a = attribution.profile(os.environ["MOEPERF_TEST_URL"], Path(os.environ["MOEPERF_TEST_TRACES"]),
+                                    batch=4, decode_tokens=6, max_tokens=900)
+            break
+        except (TraceError, WindowError) as exc:
+            failed.append(str(exc))
+    else:
+        raise AssertionError(f"no window of {ATTEMPTS} attributed: {{failed}}")
     assert a.batch == 4 and a.steps >= 2
 """
 
@@ -66,21 +88,31 @@ def profiled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
 def test_cli_attributes_a_decode_window(profiled_server: tuple[str, Path], tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     url, traces = profiled_server
-    out = tmp_path / "attribution.json"
-    rc = main_attribute(["--url", url, "--trace-dir", str(traces), "--batch", "1",
-                         "--decode-tokens", "6", "--max-tokens", "900", "--json", str(out)])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
-    (a,) = json.loads(out.read_text())
-    assert (a["device"], a["batch"]) == ("cpu", 1) and a["steps"] >= 2
-    parts = sum(a["component_us"].values()) + a["idle_us"]
-    assert abs(parts - a["step_us"]) <= MAX_SUM_ERROR * a["step_us"]
-    shares = [*a["shares_pct"].values(), a["idle_share_pct"]]
-    assert all(0.0 <= s <= 100.0 for s in shares)
-    # what a tiny MoE at TP=1 on CPU runs: experts, dense projections, attention; no all-reduce
-    assert a["component_us"]["routed-expert GEMM"] > 0 and a["component_us"]["dense GEMM"] > 0
-    assert a["component_us"]["attention"] > 0 and a["component_us"]["all-reduce"] == 0
-    assert "routed-expert GEMM" in printed and "step (traced)" in printed
+    seen: set[str] = set()
+    failed: list[str] = []
+    for attempt in range(ATTEMPTS):
+        out = tmp_path / f"attribution-{attempt}.json"
+        rc = main_attribute(["--url", url, "--trace-dir", str(traces), "--batch", "1",
+                             "--decode-tokens", "6", "--max-tokens", "900", "--json", str(out)])
+        printed = capsys.readouterr()
+        if rc != 0:  # the window could not be profiled or attributed: the CLI said why, in one line
+            failed.append(printed.err.strip().splitlines()[-1])
+            continue
+        (a,) = json.loads(out.read_text())
+        assert (a["device"], a["batch"]) == ("cpu", 1) and a["steps"] >= 2
+        assert set(a["component_us"]) == set(COMPONENTS)
+        parts = sum(a["component_us"].values()) + a["idle_us"]
+        assert abs(parts - a["step_us"]) <= MAX_SUM_ERROR * a["step_us"]
+        shares = [*a["shares_pct"].values(), a["idle_share_pct"]]
+        assert all(0.0 <= s <= 100.0 for s in shares)
+        assert a["component_us"][ALL_REDUCE] == 0  # TP=1: never an all-reduce
+        assert "step (traced)" in printed.out
+        found = {c for c in EXPECTED if a["component_us"][c] > 0}
+        assert all(c in printed.out for c in found)
+        seen |= found
+        if seen == EXPECTED:
+            break
+    assert seen == EXPECTED, f"after {ATTEMPTS} windows, only {sorted(seen)} appeared; failed windows: {failed}"
 
 
 def test_fixture_records_gated_microseconds_and_reports_shares(

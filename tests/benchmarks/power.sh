@@ -7,13 +7,13 @@
 #   busy-1.00      nothing injected, two busy loops running (BUSY=1)  -> REGRESSED must be 0, the windows INCONCLUSIVE
 # INJECT is the injection, moeperf_inject's GLOB=FACTOR[,GLOB=FACTOR...] (default '*=1.30': every metric 30 %
 # worse); on a GPU box e.g. INJECT='suites/gemm/*=1.05,suites/allreduce/*=1.10'. BUSY=0 skips the busy run;
-# PYTHON is the interpreter (default python). Reports land in ${OUT:-/tmp/moeperf-power}; each run prints its
-# verdict counts overall and per suite and metric, with the share REGRESSED among the metrics that were judged
-# (NEW is not judged; MISSING metrics, e.g. cases a deadline skipped, are not in the JSON: the log's counts line
-# has them).
+# PYTHON is the interpreter (default python). Reports land in $OUT (default: moeperf-power/ under the current
+# directory); each run prints its verdict counts overall and per suite and metric, with the share REGRESSED among
+# the metrics that were judged (NEW is not judged; MISSING metrics, e.g. cases a deadline skipped, are not in the
+# JSON: the log's counts line has them).
 set -u
+OUT="$(realpath -m "${OUT:-moeperf-power}")"; mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/moeperf-power}"; mkdir -p "$OUT"
 INJECT="${INJECT:-*=1.30}"; BUSY="${BUSY:-1}"; PY="${PYTHON:-python}"
 suites=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do suites+=("$1"); shift; done; [ "${1:-}" = "--" ] && shift
 extra=("$@")

@@ -1,5 +1,9 @@
 """The rank runner on real gloo ranks: results come back, and a hung, raising or dying rank fails the run with
-a message that names it, within the timeout, leaving no process behind."""
+a message that names it, leaving no process behind.
+
+No wall-clock bound a loaded 2-core box can miss: a hung rank is found *by* the timeout (``timed_out``, and not
+before it), a raising or dying rank is found *without* it (``not timed_out``, under a timeout far longer than
+any start-up). How fast the teardown is belongs in a benchmark, not here."""
 
 from __future__ import annotations
 
@@ -13,8 +17,11 @@ import pytest
 from pytest_moeperf.kernels.rank_controller import RankFailure, RankPool, leftover_processes
 
 TIMEOUT_S = 5.0
-#: The timeout, plus the stack dump and SIGTERM/SIGKILL grace of a teardown, plus slack for 2 busy cores.
-WITHIN_S = TIMEOUT_S + 6.0
+#: For runs that must end without reaching their timeout (a rank raised or died): if the runner waited for the
+#: timeout instead, ``timed_out`` would say so.
+PATIENT_S = 300.0
+#: A generous end for a run that hangs by design: it ended (the timeout worked), however busy the box.
+ENDED_WITHIN_S = TIMEOUT_S + 120.0
 
 
 def _alive(pid: int) -> bool:
@@ -34,12 +41,13 @@ def pool() -> Iterator[RankPool]:
     p.close()
 
 
-def _fail(pool: RankPool, fn: object, *args: object) -> tuple[RankFailure, list[int], float]:
+def _fail(pool: RankPool, fn: object, *args: object,
+          timeout_s: float | None = None) -> tuple[RankFailure, list[int], float]:
     group = pool.group(2, "gloo")  # started first, so the timing below is the task's alone
     pids = group.pids
     started = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        pool.run(fn, *args, world_size=2)  # type: ignore[arg-type]
+        pool.run(fn, *args, world_size=2, timeout_s=timeout_s)  # type: ignore[arg-type]
     return info.value, pids, time.monotonic() - started
 
 
@@ -62,30 +70,29 @@ def test_hung_rank_is_named_and_killed(pool: RankPool) -> None:
     assert "in hang_on_rank_1" in message  # rank 1's Python stack, dumped before the kill
     logdir = Path(message.rsplit("logs in ", 1)[1].split()[0])
     assert (logdir / "rank1.log").exists()  # kept: the message points at it
-    assert TIMEOUT_S <= elapsed < WITHIN_S
+    assert TIMEOUT_S <= elapsed < ENDED_WITHIN_S  # found by the timeout, not before it; and it ended
     assert leftover_processes(pids) == []
     assert not any(_alive(pid) for pid in pids)
 
 
 def test_raising_rank_is_named_with_its_traceback(pool: RankPool) -> None:
-    failure, pids, elapsed = _fail(pool, tasks.raise_on_rank_1)
+    failure, pids, _ = _fail(pool, tasks.raise_on_rank_1, timeout_s=PATIENT_S)
     message = str(failure)
     assert failure.culprits == (1,)
     assert message.startswith("rank 1 raised during raise_on_rank_1")
-    assert not failure.timed_out
+    assert not failure.timed_out  # a failure does not wait for the timeout
     assert "Traceback (most recent call last)" in message
     assert "ValueError: rank 1 refuses to add" in message
-    assert elapsed < TIMEOUT_S  # a failure does not wait for the timeout
     assert not any(_alive(pid) for pid in pids)
 
 
 def test_dying_rank_is_named_with_its_exit_code(pool: RankPool) -> None:
-    failure, pids, elapsed = _fail(pool, tasks.exit_on_rank_0, 7)
+    failure, pids, _ = _fail(pool, tasks.exit_on_rank_0, 7, timeout_s=PATIENT_S)
     message = str(failure)
     assert failure.culprits == (0,)
     assert message.startswith("rank 0 died during exit_on_rank_0")
     assert f"rank 0 (pid {pids[0]}): exited with code 7" in message
-    assert elapsed < TIMEOUT_S
+    assert not failure.timed_out
     assert not any(_alive(pid) for pid in pids)
 
 
@@ -98,12 +105,12 @@ def test_teardown_takes_the_ranks_own_children(pool: RankPool, tmp_path: Path) -
 
 
 def test_pool_replaces_a_failed_group(pool: RankPool) -> None:
-    _fail(pool, tasks.raise_on_rank_1)
+    _fail(pool, tasks.raise_on_rank_1, timeout_s=PATIENT_S)
     assert pool.run(tasks.sum_of_ranks, 0.5, world_size=2) == [[2.0] * 4, [2.0] * 4]
 
 
 def test_unpicklable_result_is_reported(pool: RankPool) -> None:
-    failure, _, _ = _fail(pool, tasks.unpicklable_result)
+    failure, _, _ = _fail(pool, tasks.unpicklable_result, timeout_s=PATIENT_S)
     assert failure.culprits == (0, 1)
     assert "Can't pickle" in str(failure) or "cannot pickle" in str(failure).lower()
 
@@ -140,8 +147,6 @@ def test_rank_timeout_option_reaches_the_fixture(run_moeperf, pytester: pytest.P
         def test_hangs(ranks):
             ranks.run(collective_tasks.hang_on_rank_1, world_size=2)
     """)
-    started = time.monotonic()
     result = run_moeperf("--moeperf-rank-timeout", "4", "-p", "no:randomly")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=1)  # the message names the option's 4 s, not the default 180 s
     result.stdout.fnmatch_lines(["*RankFailure: rank 1 did not finish hang_on_rank_1 within the 4 s timeout*"])
-    assert time.monotonic() - started < 60
