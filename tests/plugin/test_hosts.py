@@ -80,4 +80,4 @@ def test_hosts_live_side_by_side_and_three_hosts_teach_the_spread_between_them( 
     result = run_moeperf("--moeperf-host-id", "D", "--moeperf-history", "off")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(["*time: baseline * (3 runs) -> current *, change +5*spread * from between hosts "
-                                 "(3 other hosts)*REGRESSED*"])
+                                 "(3 other hosts; 95 % upper bound * from 3 hosts)*REGRESSED*"])

@@ -105,10 +105,13 @@ def test_another_hosts_baseline_needs_a_spread_between_hosts() -> None:
     found = judge("k", "m", "us", "lower", [[13.0] * 20] * 4, one_host, Threshold())
     assert found.status is Status.INCONCLUSIVE and found.cause == Cause.OTHER_HOST
     assert "baseline from another host" in found.reason
-    hosts = Reference((10.0, 10.4, 9.7), other_hosts="3 other hosts", host_spread=0.03)
+    hosts = Reference((10.0, 10.1, 9.95), other_hosts="3 other hosts", host_spread=0.01)
     spread = judge("k", "m", "us", "lower", [[13.0] * 20] * 4, hosts, Threshold())
     assert spread.status is Status.REGRESSED and spread.noise_source == "hosts"
-    assert spread.mde == pytest.approx(0.09)
+    # the spread between 3 hosts enters through its 95 % upper bound: 4.41 x the estimate
+    assert spread.mde == pytest.approx(3 * 0.01 * 4.415, rel=1e-3) and "95 % upper bound 4.4 %" in spread.spread
+    wide = judge("k", "m", "us", "lower", [[11.2] * 20] * 4, hosts, Threshold())
+    assert wide.status is Status.PASS  # +12 %: within what 3 hosts can tell
 
 
 def test_quiet_floor_needs_this_hosts_runs_from_two_sittings() -> None:
@@ -328,3 +331,16 @@ def test_statistics_of_finite_samples_do_not_overflow(values: list[float]) -> No
 def test_a_summary_says_which_of_its_numbers_is_beyond_floating_point() -> None:
     assert stats.non_finite(stats.summarize([1e308, 1e308])) == ()
     assert stats.non_finite(stats.summarize([-1.7e308, 1.7e308])) == ("stddev",)  # 2.4e308; its IQR is 1.7e308
+
+
+@pytest.mark.parametrize(("q", "dof", "expected"), [(0.05, 1, 0.00393), (0.05, 2, 0.1026), (0.05, 3, 0.3518),
+                                                    (0.05, 9, 3.325), (0.95, 1, 3.841), (0.95, 9, 16.919),
+                                                    (0.95, 20, 31.410)])
+def test_chi_square_quantiles_match_the_tables(q: float, dof: int, expected: float) -> None:
+    assert stats.chi2_quantile(q, dof) == pytest.approx(expected, rel=2e-3)
+
+
+def test_a_spread_from_few_values_has_a_wide_upper_bound() -> None:
+    assert stats.spread_upper_bound(1.0, 3) == pytest.approx(4.415, rel=1e-3)
+    assert stats.spread_upper_bound(1.0, 10) == pytest.approx(1.645, rel=1e-3)
+    assert stats.spread_upper_bound(1.0, 1) == math.inf
