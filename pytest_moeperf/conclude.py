@@ -211,11 +211,7 @@ class Conclusion:
 
     def _write(self, path: Path, text: str, append: bool = False) -> None:
         try:
-            if append and path.exists():
-                with path.open("a") as handle:
-                    handle.write(text)
-            else:
-                files.atomic_write(path, text)
+            files.write_report(path, text, append)
             self.written.append(path)
         except OSError as exc:
             self.errors.append(f"could not write {path}: {exc}")

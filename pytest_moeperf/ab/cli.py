@@ -233,11 +233,7 @@ def write(args: argparse.Namespace, ledger: Ledger, doc: dict[str, object], head
 
     def put(path: Path, text: str, append: bool = False) -> None:
         try:
-            if append and path.exists():
-                with path.open("a") as handle:
-                    handle.write(text)
-            else:
-                files.atomic_write(path, text)
+            files.write_report(path, text, append)
             written.append(path)
         except OSError as exc:
             errors.append(f"could not write {path}: {describe(exc)}")

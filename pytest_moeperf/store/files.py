@@ -65,6 +65,16 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def write_report(path: Path, text: str, append: bool = False) -> None:
+    """A report file: appended to (a Markdown summary such as ``$GITHUB_STEP_SUMMARY`` collects several
+    sessions), else written atomically. Raises `OSError`."""
+    if append and path.exists():
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        atomic_write(path, text)
+
+
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
     """Parse ``path`` as a JSON object; `FileFormatError` names the file and ``what`` it should be."""
     try:
