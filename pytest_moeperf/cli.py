@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--rev", default="HEAD", help="git revision to compare against (default: %(default)s)")
     diff.add_argument("--old", metavar="DIR", help="compare against another baselines directory instead of git")
     diff.set_defaults(func=_diff)
-    merge = base_sub.add_parser("merge", help="merge baselines updated apart (other runners, other device calls) "
+    merge = base_sub.add_parser("merge", help="merge baselines updated apart (other runners, other machines) "
                                 "into one directory: each metric keeps the union of its runs")
     merge.add_argument("sources", nargs="+", metavar="SRC", help="baselines directories to merge in")
     merge.add_argument("--into", default="baselines", metavar="DIR", help="the directory merged into, also read "

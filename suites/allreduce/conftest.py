@@ -10,5 +10,5 @@ def failed_backends() -> dict[str, str]:
     """Backend (or process-group backend, when its ranks could not start or hung) -> the case where it failed.
 
     Later cases of a failed backend fail at once instead of restarting ranks that hang or crash again: a hang
-    costs the whole rank timeout, and the GPU machines are lent by the minute."""
+    costs the whole rank timeout, and GPU time is paid by the minute."""
     return {}

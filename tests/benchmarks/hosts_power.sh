@@ -8,11 +8,11 @@
 #   4. every GEMM `time` x 1.05, then x 1.03 (tests/benchmarks/moeperf_inject.py)
 #                                                                      -> share REGRESSED among the `time` cases
 # Env: SELECT (pytest args of the same-host part, shell-quoted; default the 112 DeepSeek-V3 GEMM cases), SITTINGS (3),
-# HOST (lent-host), PYTHON (python3), OUT (reports and logs; default /tmp/moeperf-hosts), CROSS=0 skips step 1.
+# HOST (this-host), PYTHON (python3), OUT (reports and logs; default moeperf-hosts/ here), CROSS=0 skips step 1.
 set -u
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/moeperf-hosts}"; mkdir -p "$OUT"
-PY="${PYTHON:-python3}"; HOST="${HOST:-lent-host}"; SITTINGS="${SITTINGS:-3}"
+OUT="$(realpath -m "${OUT:-moeperf-hosts}")"; mkdir -p "$OUT"
+PY="${PYTHON:-python3}"; HOST="${HOST:-this-host}"; SITTINGS="${SITTINGS:-3}"
 eval "SELECT=(${SELECT:-suites/gemm/test_gemm.py -k deepseek})"  # shell words: SELECT='a -k "x and y"' 
 BL="$OUT/baselines"; rm -rf "$BL"
 export PYTHONPATH="$PWD/tests/benchmarks:$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -75,7 +75,7 @@ def test_unknown_command_is_a_usage_error(args: list[str]) -> None:
 
 
 def test_baselines_merge_joins_the_runs_of_copies_updated_apart(tmp_path: Path) -> None:
-    """Two runners (or two device calls) start from one committed baseline and each append a run: the merge keeps
+    """Two runners (or two machines) start from one committed baseline and each append a run: the merge keeps
     the shared run once and both new ones, and refuses copies measured on another machine."""
     from pytest_moeperf.ledger import Measurement
     from pytest_moeperf.store import baselines, entries
