@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import random
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -136,6 +137,8 @@ def _fail(text: str) -> None:
 
 
 def main_ab(argv: Sequence[str]) -> int:
+    # Ctrl-C must reach us even when a script started us as a background job (SIGINT ignored then)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     own, pytest_args = split(argv)
     parser = build_parser()
     args = parser.parse_args(own)

@@ -93,8 +93,8 @@ class BaselineEntry:
     context: Mapping[str, Any] = field(default_factory=dict)
     provenance: Mapping[str, Any] = field(default_factory=dict)
     runs: tuple[RunSummary, ...] = ()  # oldest first; empty means "the summary is the only run"
-    #: when these runs started: the first update, or the re-record that reset them (a changed unit or direction);
-    #: a noise source older than this is not the same measurement
+    #: when a re-record (a changed unit or direction) reset these runs: a noise source older than this is not the
+    #: same measurement (None: never reset)
     since: str | None = None
 
     @property
@@ -159,16 +159,15 @@ class BaselineEntry:
     def updated(self, m: Measurement, provenance: Mapping[str, Any], keep: int) -> BaselineEntry:
         """This entry with one more run (``m``); a changed unit or direction starts the runs afresh."""
         fresh = BaselineEntry.from_measurement(m, provenance)
-        if (self.unit, self.better) != (m.unit, m.better):
-            return fresh
+        if (self.unit, self.better) != (m.unit, m.better):  # a re-record: older noise is another measurement
+            return dataclasses.replace(fresh, since=provenance.get("date"))
         return dataclasses.replace(fresh, runs=keep_last(self.all_runs + fresh.runs, keep), since=self.since)
 
     @classmethod
     def from_measurement(cls, m: Measurement, provenance: Mapping[str, Any]) -> BaselineEntry:
         summary = summarize(m.samples)
         return cls(key=m.key, test_id=m.test_id, name=m.name, unit=m.unit, better=m.better, summary=summary,
-                   context=dict(m.context), provenance=dict(provenance), runs=(RunSummary.of(summary, provenance),),
-                   since=provenance.get("date"))
+                   context=dict(m.context), provenance=dict(provenance), runs=(RunSummary.of(summary, provenance),))
 
 
 def merge_entries(a: BaselineEntry, b: BaselineEntry, keep: int) -> BaselineEntry:

@@ -186,7 +186,7 @@ def test_update_then_aa_then_budget_on_one_gemm_case(tmp_path: Path) -> None:
     out, baselines = tmp_path / "out", tmp_path / "baselines"
     done = subprocess.run(_batch_argv("kernels", "budget", "--update", "--kernels-k", "router and m1",
                                       "--baselines", str(baselines), "--out", str(out), "--",
-                                      "--moeperf-history", "off"),
+                                      "--moeperf-history", "off", "--moeperf-health", "off"),  # a loaded box
                           cwd=ROOT, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     steps = _steps(out)
