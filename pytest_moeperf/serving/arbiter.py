@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pytest_moeperf.serving.prometheus import Scrape, histogram_mean_delta
 
-__all__ = ["ENGINE_HISTOGRAMS", "EngineFigures", "engine_figures"]
+__all__ = ["ENGINE_HISTOGRAMS", "ENGINE_METRICS", "EngineFigures", "engine_figures"]
 
 #: metric name -> vLLM histograms, the first the server exports wins (names of older releases after the current)
 ENGINE_HISTOGRAMS: dict[str, tuple[str, ...]] = {
@@ -39,6 +39,8 @@ ENGINE_HISTOGRAMS: dict[str, tuple[str, ...]] = {
 }
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 FINISHED = "vllm:e2e_request_latency_seconds_count"
+#: the metric names of `EngineFigures.metrics`
+ENGINE_METRICS = ("engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms", "engine_queue_ms")
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,8 @@ class EngineFigures:
 
     def metrics(self) -> dict[str, float]:
         """The figures by metric name (``engine_*``), leaving out what the server did not give."""
-        values = {"engine_ttft_ms": self.ttft_ms, "engine_tpot_ms": self.tpot_ms, "engine_itl_ms": self.itl_ms,
-                  "engine_e2el_ms": self.e2el_ms, "engine_queue_ms": self.queue_ms}
-        return {k: v for k, v in values.items() if v is not None}
+        values = (self.ttft_ms, self.tpot_ms, self.itl_ms, self.e2el_ms, self.queue_ms)
+        return {k: v for k, v in zip(ENGINE_METRICS, values, strict=True) if v is not None}
 
 
 def _mean_ms(before: Scrape, after: Scrape, names: Sequence[str]) -> float | None:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from pytest_moeperf.ledger import JSONScalar
-from pytest_moeperf.serving.arbiter import EngineFigures
+from pytest_moeperf.serving.arbiter import ENGINE_METRICS, EngineFigures
 from pytest_moeperf.serving.drift import check_drift
 from pytest_moeperf.serving.loadgen import ClosedLoop, WindowResult
 from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
@@ -195,11 +195,17 @@ def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances)
     shape = result.window.shape
     drift = check_drift(result.window.outcomes, ramp=shape.concurrency if isinstance(shape, ClosedLoop) else 0,
                         min_effects={"ttft": tol.ttft, "tpot": tol.latency})
+    compiles = result.compiles
     perf.context(**result.warm.context(), **drift.facts(), engine_requests=result.engine.requests,
-                 engine_output_tokens=result.engine.output_tokens)
+                 engine_output_tokens=result.engine.output_tokens,
+                 window_compiles=compiles.count if compiles.checked else None)
     reason = drift.reason()
     if reason is not None:
         perf.inconclusive(reason, only=CLIENT_TIMED)
+    if compiles.count:  # the server's own figures over the window met the compiles too
+        perf.inconclusive(f"the server logged {compiles.describe()} while the window ran (the window "
+                          f"measured Triton's just-in-time compiles of new batch shapes, not the server; its warm "
+                          f"passes did not reach every shape)", only=(*CLIENT_TIMED, *ENGINE_METRICS))
 
 
 def record_engine(perf: PerfRecorder, engine: EngineFigures, tol: Tolerances) -> None:

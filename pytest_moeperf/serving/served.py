@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
+from pytest_moeperf.serving.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
 from pytest_moeperf.serving.loadgen import (
     Endpoint,
     LoadGenerator,
@@ -47,6 +48,8 @@ class SpecWindow:
     acceptance: AcceptanceStats | None
     engine: EngineFigures = EngineFigures()
     warm: WarmPass = WarmPass(0)
+    #: the kernel compiles the server logged while the window ran (`pytest_moeperf.serving.jit`)
+    compiles: Compiles = Compiles(checked=False)
 
     @property
     def engine_tpot_ms(self) -> float | None:
@@ -161,22 +164,40 @@ class Served:
         then scrape, run the window, scrape again: acceptance and the server's figures cover exactly the window."""
         client = self.client(endpoint)
         key = shape_key(requests, shape, endpoint)
+        log_path = self.server.log_path if isinstance(self.server, LaunchedServer) else None
         done = WarmPass(0, note=ALREADY_WARM if warm else NOT_ASKED)
         if warm and key not in self.warmed:
-            t0 = time.perf_counter()
-            passed = client.run(warm, shape)
-            done = WarmPass(len(warm), time.perf_counter() - t0, passed.metrics.failed)
+            done = self._warm(client, warm, shape, log_path)
             self.warmed.add(key)
-            if done.failed:
-                log.warning("%s: %d of %d warm-pass requests failed", self.profile.name, done.failed, len(warm))
         first = parse(self.scrape())
+        before_window = mark(log_path)
         window = client.run(requests, shape, slo=slo)
+        compiled = compiles_since(before_window)
         last = parse(self.scrape())
         before, after = SpecDecodeCounters.from_scrape(first), SpecDecodeCounters.from_scrape(last)
         stats = None
         if before is not None and after is not None and after.drafts > before.drafts:
             stats = acceptance(before, after)
-        return SpecWindow(window, stats, engine=engine_figures(first, last), warm=done)
+        return SpecWindow(window, stats, engine=engine_figures(first, last), warm=done, compiles=compiled)
+
+    def _warm(self, client: LoadGenerator, warm: Sequence[Request], shape: LoadShape, log_path: Path | None) -> WarmPass:
+        """The warm pass, again (up to `MAX_WARM_PASSES`) while the server's log shows it compiled kernels: the
+        window should meet none."""
+        t0, passes, failed, compiled = time.perf_counter(), 0, 0, 0
+        while True:
+            before = mark(log_path)
+            failed += client.run(warm, shape).metrics.failed
+            passes += 1
+            now = compiles_since(before)
+            compiled += now.count
+            if not now.count or passes >= MAX_WARM_PASSES:
+                break
+            log.info("%s: warm pass %d of %s compiled %s: warming again", self.profile.name, passes, shape.label,
+                     now.describe())
+        if failed:
+            log.warning("%s: %d of %d warm-pass requests failed", self.profile.name, failed, passes * len(warm))
+        return WarmPass(passes * len(warm), time.perf_counter() - t0, failed, passes=passes,
+                        compiles=compiled if log_path is not None else None)
 
 
 def vocab_size_of(model_dir: Path) -> int | None:

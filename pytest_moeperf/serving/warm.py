@@ -57,10 +57,14 @@ class WarmPass:
     seconds: float = 0.0
     failed: int = 0
     note: str = ""
+    passes: int = 1  # a pass is repeated while the server compiled kernels during it (`pytest_moeperf.serving.jit`)
+    compiles: int | None = None  # the kernel compiles the server logged during the passes (None: no log read)
 
     def context(self) -> dict[str, JSONScalar]:
         facts: dict[str, JSONScalar] = {"warm_requests": self.requests, "warm_s": round(self.seconds, 3),
                                         "warm_failed": self.failed}
+        if self.requests:
+            facts.update(warm_passes=self.passes, warm_compiles=self.compiles)
         if not self.requests:
             facts["warm"] = self.note or NOT_ASKED
         return facts

@@ -8,12 +8,14 @@
 #   4. every GEMM `time` x 1.05, then x 1.03 (tests/benchmarks/moeperf_inject.py)
 #                                                                      -> share REGRESSED among the `time` cases
 # Env: SELECT (pytest args of the same-host part, shell-quoted; default the 112 DeepSeek-V3 GEMM cases), SITTINGS (3),
-# HOST (this-host), PYTHON (python3), OUT (reports and logs; default moeperf-hosts/ here), CROSS=0 skips step 1.
+# HOST (this-host), PYTHON (python3), OUT (reports and logs; default moeperf-hosts/ here), CROSS=0 skips step 1,
+# ROUNDS (1: each session one process; N: --moeperf-rounds N, N processes per session, in steps 2-4).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="$(realpath -m "${OUT:-moeperf-hosts}")"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"; HOST="${HOST:-this-host}"; SITTINGS="${SITTINGS:-3}"
-eval "SELECT=(${SELECT:-suites/gemm/test_gemm.py -k deepseek})"  # shell words: SELECT='a -k "x and y"' 
+eval "SELECT=(${SELECT:-suites/gemm/test_gemm.py -k deepseek})"  # shell words: SELECT='a -k "x and y"'
+RARGS=(); [ "${ROUNDS:-1}" -gt 1 ] && RARGS=(--moeperf-rounds "$ROUNDS")
 BL="$OUT/baselines"; rm -rf "$BL"
 export PYTHONPATH="$PWD/tests/benchmarks:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 counts() {  # report.json label
@@ -48,8 +50,8 @@ step() {  # label, then pytest args
 "$PY" -m pytest_moeperf.cli topology | tee "$OUT/topology.txt" | tail -3
 [ "${CROSS:-1}" = "1" ] && step cross-host suites/gemm suites/allreduce
 for i in $(seq 1 "$SITTINGS"); do
-  step "sitting-$i" "${SELECT[@]}" --moeperf-update --moeperf-baselines "$BL" --moeperf-host-id "$HOST"
+  step "sitting-$i" "${SELECT[@]}" "${RARGS[@]}" --moeperf-update --moeperf-baselines "$BL" --moeperf-host-id "$HOST"
 done
-step aa "${SELECT[@]}" --moeperf-baselines "$BL" --moeperf-host-id "$HOST"
-MOEPERF_INJECT='suites/gemm/*::time=1.05' step x1.05 "${SELECT[@]}" --moeperf-baselines "$BL" --moeperf-host-id "$HOST"
-MOEPERF_INJECT='suites/gemm/*::time=1.03' step x1.03 "${SELECT[@]}" --moeperf-baselines "$BL" --moeperf-host-id "$HOST"
+step aa "${SELECT[@]}" "${RARGS[@]}" --moeperf-baselines "$BL" --moeperf-host-id "$HOST"
+MOEPERF_INJECT='suites/gemm/*::time=1.05' step x1.05 "${SELECT[@]}" "${RARGS[@]}" --moeperf-baselines "$BL" --moeperf-host-id "$HOST"
+MOEPERF_INJECT='suites/gemm/*::time=1.03' step x1.03 "${SELECT[@]}" "${RARGS[@]}" --moeperf-baselines "$BL" --moeperf-host-id "$HOST"

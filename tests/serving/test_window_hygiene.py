@@ -51,7 +51,8 @@ def test_the_warm_pass_has_the_windows_shape_and_reaches_its_batches() -> None:
     assert shape_key(ids, ClosedLoop(4), Endpoint.COMPLETIONS) != shape_key(ids, ClosedLoop(8), Endpoint.COMPLETIONS)
     text = [Request(prompt="hello", max_tokens=8)]
     assert shape_key(text, ClosedLoop(4), Endpoint.CHAT) != shape_key(ids, ClosedLoop(4), Endpoint.CHAT)
-    assert WarmPass(32, 1.23456, 0).context() == {"warm_requests": 32, "warm_s": 1.235, "warm_failed": 0}
+    assert WarmPass(32, 1.23456, 0).context() == {"warm_requests": 32, "warm_s": 1.235, "warm_failed": 0,
+                                                  "warm_passes": 1, "warm_compiles": None}
     assert WarmPass(0, note=ALREADY_WARM).context()["warm"].startswith("none: this server already ran a pass")
 
 
