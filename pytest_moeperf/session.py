@@ -6,7 +6,6 @@ travel to the controller in the report's ``user_properties`` (pytest-xdist), whe
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Generator
 from typing import Any
 
@@ -21,6 +20,7 @@ from pytest_moeperf.machine.markers import threshold_marker
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.reports import junit
 from pytest_moeperf.runtime import confirming_key, health_key, perf_key, skip_reason
+from pytest_moeperf.settings import quiet_floor_of
 from pytest_moeperf.store.entries import BaselineError, software_changes
 
 PROPERTY = "moeperf"
@@ -32,7 +32,7 @@ class MoePerfSession(Conclusion):
         s = self.settings
         return resolve_threshold(threshold_marker(item), s.tolerance, tolerance=metric.tolerance,
                                  abs_tolerance=metric.abs_tolerance, default_noise_k=s.noise_k,
-                                 quiet_floor=s.quiet_floor if s.quiet_floor < math.inf else None)
+                                 quiet_floor=quiet_floor_of(s))
 
     def _wants_round(self, item: pytest.Item, perf: Perf) -> bool:
         """Whether another round can settle a metric of this test (a bad baseline or argument cannot be)."""

@@ -8,7 +8,9 @@ from pytest_moeperf.settings.options import (
     Settings,
     add_options,
     parse_server_urls,
+    quiet_floor_of,
     resolve,
 )
 
-__all__ = ["OPTIONS", "ROUND_ENV", "Option", "Settings", "add_options", "parse_server_urls", "resolve"]
+__all__ = ["OPTIONS", "ROUND_ENV", "Option", "Settings", "add_options", "parse_server_urls", "quiet_floor_of",
+           "resolve"]

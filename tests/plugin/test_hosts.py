@@ -81,3 +81,16 @@ def test_hosts_live_side_by_side_and_three_hosts_teach_the_spread_between_them( 
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(["*time: baseline * (3 runs) -> current *, change +5*spread * from between hosts "
                                  "(3 other hosts; 95 % upper bound * from 3 hosts)*REGRESSED*"])
+
+
+def test_the_quiet_floor_is_two_percent_when_each_metric_is_measured_in_three_processes(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_moeperf.settings import ROUND_ENV, quiet_floor_of, resolve
+
+    monkeypatch.delenv(ROUND_ENV, raising=False)
+    cases = {(): 0.03, ("--moeperf-rounds", "2"): 0.03, ("--moeperf-rounds", "3"): 0.02,
+             ("--moeperf-rounds", "3", "--moeperf-quiet-floor", "0.025"): 0.025, ("--moeperf-quiet-floor", "off"): None}
+    for args, floor in cases.items():
+        assert quiet_floor_of(resolve(pytester.parseconfig(*args))) == floor, args
+    monkeypatch.setenv(ROUND_ENV, "2/3")  # a --moeperf-rounds 3 child judges as its parent does
+    assert quiet_floor_of(resolve(pytester.parseconfig())) == 0.02

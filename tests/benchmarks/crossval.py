@@ -1,0 +1,101 @@
+"""Power and false alarms of the stored-baseline verdicts on real noise, offline, by leaving one sitting out (a
+benchmark tool, not a test).
+
+Give it the JSON reports of N >= 3 ``--moeperf-update`` sessions of the same cases on one host (each a sitting,
+best with ``--moeperf-rounds 3``: three processes each). For each sitting in turn, the other sittings' rounds are
+stored into a fresh baselines directory exactly as ``--moeperf-update`` stores them (`plan_update`, then
+`BaselineStore.update`, each sitting under its own date), and the left-out sitting's records are judged against it
+under this checkout's rules, its samples of ``--metric`` made worse by each ``--factor`` (1.0: A/A). Only the rounds
+the session measured are judged: confirmation re-runs, which a live session would add to an undecided metric, are
+not simulated, so the power printed is a lower bound.
+
+    python tests/benchmarks/crossval.py sitting-1.json sitting-2.json sitting-3.json --factor 1.0 1.03 1.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pytest_moeperf.judging.judge import Judge
+from pytest_moeperf.judging.verdict import Status, judge
+from pytest_moeperf.ledger import Ledger, Record
+from pytest_moeperf.reports.document import ledger_of
+from pytest_moeperf.store.baselines import BaselineStore
+from pytest_moeperf.store.update import plan_update
+
+
+def store_sittings(root: Path, docs: list[dict[str, Any]]) -> BaselineStore:
+    """A baselines directory holding every round of ``docs``' records, one sitting (date) per document."""
+    first = docs[0]["moeperf"]
+    store = BaselineStore(root, first["fingerprint"], first.get("host"))
+    for doc in docs:
+        plan = plan_update(ledger_of(doc), [], accept_shift=True, simulated=False)
+        provenance = {"date": doc["datetime"], "fingerprint_hash": doc["moeperf"]["hash"],
+                      "host_id": doc["moeperf"].get("host")}
+        store.update(plan.measurements, {"slug": first["fingerprint"]}, provenance)
+    return store
+
+
+def worse(record: Record, factor: float) -> Record:
+    """The record with every round's samples made worse by ``factor`` (the direction its metric calls worse)."""
+    if factor == 1.0:
+        return record
+    scale = factor if record.metric.better == "lower" else 1.0 / factor
+    rounds = tuple(dataclasses.replace(r, samples=tuple(s * scale for s in r.samples)) for r in record.rounds)
+    return dataclasses.replace(record, rounds=rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reports", nargs="+", type=Path)
+    parser.add_argument("--factor", type=float, nargs="+", default=[1.0, 1.03, 1.05])
+    parser.add_argument("--metric", default="time", help="the metric name the factor applies to (default: time)")
+    parser.add_argument("--quiet-floor", type=float, default=None, metavar="FRAC",
+                        help="judge with this quiet floor instead of the recorded one (1 turns it off)")
+    args = parser.parse_args()
+    if len(args.reports) < 3:
+        parser.error("give 3 or more sittings: 2 to store (the quiet floor needs 2 sittings) and 1 to judge")
+    docs = [json.loads(p.read_text()) for p in args.reports]
+    # (factor, metric name) -> verdict counts; a factor only touches --metric, the other metrics are an A/A
+    counts: dict[tuple[float, str], collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    mdes: list[float] = []
+    for left_out, doc in enumerate(docs):
+        others = [d for i, d in enumerate(docs) if i != left_out]
+        with tempfile.TemporaryDirectory() as tmp:
+            store = store_sittings(Path(tmp), others)
+            section = doc["moeperf"]
+            referee = Judge(store, lambda m, rounds, ref, threshold: judge(m.key, m.name, m.unit, m.better, rounds,
+                                                                            ref, threshold), section["hash"])
+            ledger: Ledger = ledger_of(doc)
+            for record in ledger.records.values():
+                if args.quiet_floor is not None:
+                    floor = None if args.quiet_floor >= 1 else args.quiet_floor
+                    record = dataclasses.replace(record, threshold=dataclasses.replace(record.threshold,
+                                                                                       quiet_floor=floor))
+                for factor in args.factor:
+                    scaled = worse(record, factor) if record.metric.name == args.metric else record
+                    verdict = referee.judge(scaled)
+                    counts[(factor, record.metric.name)][verdict.status.value] += 1
+                    if factor == 1.0 and record.metric.name == args.metric and verdict.mde is not None:
+                        mdes.append(verdict.mde)
+    print(f"{len(docs)} sittings, each judged against the other {len(docs) - 1}; '{args.metric}' made worse by the "
+          f"factor, the other metrics unchanged (an A/A)")
+    for (factor, name), found in sorted(counts.items()):
+        judged = sum(n for s, n in found.items() if s not in ("NEW", "MISSING"))
+        share = found[Status.REGRESSED.value] / judged if judged else 0.0
+        print(f"x{factor:<5g} {name:14s} judged {judged:4d}  REGRESSED {share:6.1%}  "
+              + "  ".join(f"{s} {n}" for s, n in sorted(found.items())))
+    if mdes:
+        mdes.sort()
+        print(f"'{args.metric}' mde at x1: median {mdes[len(mdes) // 2]:.1%}, p90 {mdes[int(len(mdes) * 0.9)]:.1%}, "
+              f"max {mdes[-1]:.1%}")
+
+
+if __name__ == "__main__":
+    main()
