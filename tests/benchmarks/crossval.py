@@ -10,6 +10,9 @@ the session measured are judged: confirmation re-runs, which a live session woul
 not simulated, so the power printed is a lower bound.
 
     python tests/benchmarks/crossval.py sitting-1.json sitting-2.json sitting-3.json --factor 1.0 1.03 1.05
+
+Reports may be gzipped (``.gz``): ``docs/notes/h200-2026-12-01-c/sitting-*.time.json.gz`` are the 1x H200 sittings
+of docs/measurements/h200-2026-12-01-c.md, cut to the ``time`` metric.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gzip
 import json
 import tempfile
 from pathlib import Path
@@ -61,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.reports) < 3:
         parser.error("give 3 or more sittings: 2 to store (the quiet floor needs 2 sittings) and 1 to judge")
-    docs = [json.loads(p.read_text()) for p in args.reports]
+    docs = [json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()) for p in args.reports]
     # (factor, metric name) -> verdict counts; a factor only touches --metric, the other metrics are an A/A
     counts: dict[tuple[float, str], collections.Counter[str]] = collections.defaultdict(collections.Counter)
     mdes: list[float] = []
