@@ -180,7 +180,8 @@ class Served:
             stats = acceptance(before, after)
         return SpecWindow(window, stats, engine=engine_figures(first, last), warm=done, compiles=compiled)
 
-    def _warm(self, client: LoadGenerator, warm: Sequence[Request], shape: LoadShape, log_path: Path | None) -> WarmPass:
+    def _warm(self, client: LoadGenerator, warm: Sequence[Request], shape: LoadShape,
+              log_path: Path | None) -> WarmPass:
         """The warm pass, again (up to `MAX_WARM_PASSES`) while the server's log shows it compiled kernels: the
         window should meet none."""
         t0, passes, failed, compiled = time.perf_counter(), 0, 0, 0
