@@ -8,6 +8,7 @@ input (an option, a side that cannot run pytest, pytest arguments that select no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import random
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from pytest_moeperf.ab import adaptive, calibration, paired, report
 from pytest_moeperf.ab.runner import Runner, SideFailed, merged
+from pytest_moeperf.ab.servers import ServerError, Servers
 from pytest_moeperf.ab.sides import (
     BASE,
     HEAD,
@@ -49,6 +51,8 @@ REFUSED = {
     "--moeperf-markdown": "use moeperf ab --markdown: one summary of both sides",
     "--moeperf-html": "use moeperf ab --html: one report of both sides",
 }
+#: pytest arguments that name a server, which --serve names for each side
+SERVED = ("--moeperf-server-url", "--moeperf-server-pid")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(f"--{side}-ref", metavar="REF",
                             help=f"run the {side} side in a temporary git worktree of this revision "
                                  "(default: this checkout as it is)")
+    parser.add_argument("--serve", metavar="PROFILE",
+                        help="start PROFILE's vLLM server once per side (moeperf serve, under the side's "
+                             "interpreter, environment and checkout) and attach every child of the side to it, "
+                             "instead of a server start in every child; both run at once")
     parser.add_argument("--aa", action="store_true",
                         help="A/A calibration: run the base side twice; reports the false-alarm rate and each "
                              "metric's noise, and names metrics noisier than their minimum effect")
@@ -117,6 +125,8 @@ def problems(args: argparse.Namespace, pytest_args: Sequence[str]) -> list[str]:
         flag = arg.split("=", 1)[0]
         if flag in REFUSED:
             out.append(f"pytest argument {flag}: {REFUSED[flag]}")
+        if args.serve and flag in SERVED:
+            out.append(f"pytest argument {flag}: --serve gives each side its own server")
     return out
 
 
@@ -163,9 +173,17 @@ def main_ab(argv: Sequence[str]) -> int:
                  f"{len(schedule)} a look); seed {seed}")
             baselines = Path(tmp) / "baselines"
             baselines.mkdir()
-            runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, Path(tmp), seed, _say,
-                            progress=not args.quiet)
-            outcomes, notes = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
+            with contextlib.ExitStack() as stack:
+                side_args = {}
+                if args.serve:
+                    servers = stack.enter_context(Servers(args.serve, {BASE: base, HEAD: head}, Path(tmp), _say))
+                    side_args = {name: servers.args(name) for name in (BASE, HEAD)}
+                runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, Path(tmp), seed, _say,
+                                progress=not args.quiet, side_args=side_args)
+                outcomes, notes = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
+    except ServerError as exc:
+        _fail(f"{exc}\nnothing written")
+        return EXIT_SIDE
     except KeyboardInterrupt:
         _fail("interrupted: nothing written")
         return EXIT_INTERRUPTED

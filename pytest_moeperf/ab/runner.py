@@ -78,9 +78,11 @@ class Runner:
     """Runs blocks; keeps every process it ran, in order."""
 
     def __init__(self, sides: Mapping[str, Side], args: Sequence[str], baselines: Path, scratch: Path, seed: int,
-                 echo: Callable[[str], None], progress: bool = True) -> None:
+                 echo: Callable[[str], None], progress: bool = True,
+                 side_args: Mapping[str, Sequence[str]] | None = None) -> None:
         self.sides = sides
         self.args = [*args, "--moeperf-history", "off", "--moeperf-baselines", str(baselines)]
+        self.side_args = side_args or {}  # each side's own pytest arguments (its server: `ab.servers`)
         self.scratch = scratch
         self.rng = random.Random(seed)
         self.echo = echo
@@ -109,7 +111,7 @@ class Runner:
         if only:
             extra[ONLY_ENV] = str(only_file(self.scratch, only))
         started = time.monotonic()
-        done = run_child(self.args, side.cwd, side.environ(extra), side.python,
+        done = run_child([*self.args, *self.side_args.get(name, ())], side.cwd, side.environ(extra), side.python,
                          echo=self.echo if self.progress else None)
         seconds = time.monotonic() - started
         self.echo(f"  {label} ({seconds:.1f} s): {done.last_line}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,7 +216,9 @@ def quiet_floor_of(settings: Settings) -> float | None:
     """The quiet floor a session judges with (None: off): the option, else by the processes behind each metric."""
     if settings.quiet_floor is not None:
         return settings.quiet_floor if settings.quiet_floor < math.inf else None
-    processes = int(settings.round_of.split("/")[1]) if settings.round_of else settings.rounds
+    # a --moeperf-rounds child is "i/N"; a moeperf ab child ("ab base 3") judges nothing that counts
+    of_n = re.fullmatch(r"\d+/(\d+)", settings.round_of or "")
+    processes = int(of_n[1]) if of_n else settings.rounds
     return QUIET_FLOOR_PROCESSES if processes >= QUIET_PROCESSES else QUIET_FLOOR
 
 

@@ -39,6 +39,8 @@ def failed(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     (["--base-python", "/no/such/python"], "argument --base-python: /no/such/python: no such interpreter"),
     (["--pairs", "0"], "argument --pairs: must be at least 1, got 0"),
     (["--alpha", "2"], "argument --alpha: must be a probability in (0, 1], got 2"),
+    (["--serve", "cpu-tiny-nospec", "--", "suites/serving", "--moeperf-server-url", "http://127.0.0.1:1"],
+     "pytest argument --moeperf-server-url: --serve gives each side its own server"),
 ])
 def test_bad_options(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert message in failed(capsys, *args)

@@ -188,3 +188,14 @@ def test_ctrl_c_writes_nothing_and_removes_the_worktrees(project: Path) -> None:
     assert not (project / "r.json").exists()
     assert len(git(project, "worktree", "list").splitlines()) == 1
     assert not list(tmp.glob("moeperf-ab-*"))
+
+
+def test_a_side_server_that_cannot_start_names_its_side_and_leaves_nothing_running(suite: Path) -> None:
+    done = moeperf_ab("--serve", "no-such-profile", "--pairs", "6", "--max-pairs", "6", "-q", "--report", "r.json",
+                      "--", "test_syn.py", cwd=suite)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "base's server (no-such-profile) exited with code 2 before it was healthy" in done.stderr
+    assert "no-such-profile" in done.stderr and "nothing written" in done.stderr
+    assert not (suite / "r.json").exists()
+    leftover = subprocess.run(["pgrep", "-f", "pytest_moeperf.cli serve no-such-profile"], capture_output=True)
+    assert leftover.returncode == 1, leftover.stdout  # no such process left

@@ -94,3 +94,5 @@ def test_the_quiet_floor_is_two_percent_when_each_metric_is_measured_in_three_pr
         assert quiet_floor_of(resolve(pytester.parseconfig(*args))) == floor, args
     monkeypatch.setenv(ROUND_ENV, "2/3")  # a --moeperf-rounds 3 child judges as its parent does
     assert quiet_floor_of(resolve(pytester.parseconfig())) == 0.02
+    monkeypatch.setenv(ROUND_ENV, "ab head 4")  # a moeperf ab child: one process
+    assert quiet_floor_of(resolve(pytester.parseconfig())) == 0.03

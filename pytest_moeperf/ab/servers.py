@@ -1,0 +1,113 @@
+"""Each side's own server for the serving suites: ``moeperf ab --serve PROFILE``.
+
+Without it, every child session of a serving test starts its own vLLM server (minutes each on a GPU box: 107-116 s
+on 1x H200), so ten pairs cost forty starts. With it, ``moeperf serve PROFILE`` is started once per side, before
+the first block, under the side's interpreter, environment and checkout (the side's vLLM, flags and code), and every
+child of that side attaches to it (``--moeperf-server-url``). The sides' windows then alternate on two servers that
+stay up, as the issue asked ("each side its own server, alternating windows when both fit"). Both servers run at
+once, so the profile must leave room for two (the tiny GPU profiles take 0.2 of the GPU each). Every child is
+told both servers' processes (``--moeperf-server-pid``), so the health gate counts neither as foreign load: the
+other side's idle server is part of the experiment, not a disturbance.
+
+The servers are stopped at the end, also on Ctrl-C or a failed side: SIGINT to ``moeperf serve``, which stops its
+vLLM server, then whatever of its session is left gets SIGTERM and SIGKILL.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from pytest_moeperf.ab.sides import Side
+from pytest_moeperf.processes.lifecycle import describe_returncode, log_tail, start_in_session, terminate_sessions
+
+__all__ = ["ServerError", "Servers"]
+
+#: how long ``moeperf serve`` is given to stop its vLLM server after SIGINT (its own grace is 20 s + 10 s)
+STOP_GRACE_S = 45.0
+
+
+class ServerError(RuntimeError):
+    """A side's server did not become healthy (its log's tail in the message)."""
+
+
+@dataclass
+class SideServer:
+    side: str
+    proc: subprocess.Popen[bytes]
+    url_file: Path
+    log: Path
+    url: str = ""
+
+
+class Servers:
+    """One ``moeperf serve PROFILE`` per side, started together, healthy or a `ServerError` naming the side."""
+
+    def __init__(self, profile: str, sides: Mapping[str, Side], scratch: Path, echo: Callable[[str], None],
+                 timeout_s: float = 900.0) -> None:
+        self.profile = profile
+        self.sides = sides
+        self.scratch = scratch
+        self.echo = echo
+        self.timeout_s = timeout_s
+        self.servers: dict[str, SideServer] = {}
+
+    def __enter__(self) -> Servers:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+                 ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        for name, side in self.sides.items():
+            url_file, log = self.scratch / f"serve-{name}.url", self.scratch / f"serve-{name}.log"
+            argv = [side.python, "-m", "pytest_moeperf.cli", "serve", self.profile, "--url-file", str(url_file),
+                    "--timeout", f"{self.timeout_s:g}", "--log-dir", str(self.scratch / f"server-logs-{name}")]
+            self.servers[name] = SideServer(name, start_in_session(argv, log=log, env=side.environ(), cwd=side.cwd),
+                                            url_file, log)
+            self.echo(f"moeperf ab: starting {name}'s server ({self.profile}), log {log}")
+        deadline = started + self.timeout_s + 60.0
+        for server in self.servers.values():
+            while not server.url:
+                if server.url_file.is_file() and server.url_file.read_text().strip():
+                    server.url = server.url_file.read_text().strip()
+                    break
+                code = server.proc.poll()
+                if code is not None:
+                    raise ServerError(f"{server.side}'s server ({self.profile}) {describe_returncode(code)} before it "
+                                    f"was healthy:\n{log_tail(server.log)}")
+                if time.monotonic() > deadline:
+                    raise ServerError(f"{server.side}'s server ({self.profile}) not healthy after "
+                                    f"{time.monotonic() - started:.0f} s:\n{log_tail(server.log)}")
+                time.sleep(0.5)
+            self.echo(f"moeperf ab: {server.side}'s server at {server.url} ({time.monotonic() - started:.0f} s)")
+
+    def args(self, side: str) -> list[str]:
+        """The pytest arguments of ``side``'s children: its server's URL, and both servers' processes."""
+        pids = [a for s in self.servers.values() for a in ("--moeperf-server-pid", str(s.proc.pid))]
+        return ["--moeperf-server-url", self.servers[side].url, *pids]
+
+    def stop(self) -> None:
+        procs = [s.proc for s in self.servers.values()]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        terminate_sessions(procs)
