@@ -8,7 +8,9 @@ Which operators fall into one profiler window depends on the host: on a busy 2-c
 server coalesced whole answers, so no stream was decoding while the profiler ran) or hold steps in which a
 component took no traced time (seen: 0.0 µs of dense GEMM). So every window that attributes is checked for what
 is guaranteed (decode steps, every component classified, the parts tile the step, no all-reduce at TP=1), and the
-components a tiny MoE runs must each appear within a bounded number of windows."""
+components a tiny MoE runs must each appear within a bounded number of windows. When every window's streams ended
+before it (the host delivered whole answers at once), nothing could be profiled: the test skips, saying so, rather
+than failing a busy box; any other failure fails it."""
 
 from __future__ import annotations
 
@@ -37,16 +39,22 @@ PROFILES = Path(__file__).parents[2] / "suites" / "serving" / "profiles"
 ATTEMPTS = 6
 #: what a tiny MoE at TP=1 on CPU runs in a decode step: experts, dense projections, attention
 EXPECTED = {ROUTED, DENSE, ATTENTION}
+#: the skip reason when every window's streams ended before it: the server delivered whole answers at once (seen
+#: with two busy loops beside the test run on the 2-core box: 18 of 18 tries), so no decode step could be profiled;
+#: on a quiet box the first window attributes and every assertion below runs
+BUSY = "busy host: every window's streams ended before the profiler started"
 
 FIXTURE_TEST = f"""
 import os
 from pathlib import Path
 
+import pytest
+
 from pytest_moeperf.attribution.trace import TraceError
-from pytest_moeperf.attribution.window import WindowError
+from pytest_moeperf.attribution.window import EndedEarly, WindowError
 
 def test_decode_attribution(attribution):
-    failed = []
+    failed, early = [], 0
     for _ in range({ATTEMPTS}):  # a failed window records nothing: try another
         try:
             a = attribution.profile(os.environ["MOEPERF_TEST_URL"], Path(os.environ["MOEPERF_TEST_TRACES"]),
@@ -54,7 +62,10 @@ def test_decode_attribution(attribution):
             break
         except (TraceError, WindowError) as exc:
             failed.append(str(exc))
+            early += isinstance(exc, EndedEarly)
     else:
+        if early == {ATTEMPTS}:  # the host delivered whole answers every time: nothing could be profiled here
+            pytest.skip(f"{BUSY}: {{failed[0]}}")
         raise AssertionError(f"no window of {ATTEMPTS} attributed: {{failed}}")
     assert a.batch == 4 and a.steps >= 2
 """
@@ -97,6 +108,8 @@ def test_cli_attributes_a_decode_window(profiled_server: tuple[str, Path], tmp_p
         printed = capsys.readouterr()
         if rc != 0:  # the window could not be profiled or attributed: the CLI said why, in one line
             failed.append(printed.err.strip().splitlines()[-1])
+            if attempt == ATTEMPTS - 1 and not seen and all("ended before the window" in f for f in failed):
+                pytest.skip(f"{BUSY}: {failed[0]}")
             continue
         (a,) = json.loads(out.read_text())
         assert (a["device"], a["batch"]) == ("cpu", 1) and a["steps"] >= 2
@@ -123,7 +136,11 @@ def test_fixture_records_gated_microseconds_and_reports_shares(
     monkeypatch.setenv("MOEPERF_TEST_TRACES", str(traces))
     pytester.makepyfile(test_attr=FIXTURE_TEST)
     report = pytester.path / "report.json"
-    result = run_moeperf("-p", "pytest_moeperf.attribution.plugin", f"--moeperf-report={report}")
+    result = run_moeperf("-p", "pytest_moeperf.attribution.plugin", f"--moeperf-report={report}", "-rs")
+    if result.parseoutcomes().get("skipped") == 1:
+        busy = [line for line in result.outlines if BUSY in line]
+        assert busy, result.stdout.str()  # skipped for that reason only
+        pytest.skip(busy[0].split("SKIPPED", 1)[-1].strip())
     result.assert_outcomes(passed=1)
     data = json.loads(report.read_text())
     metrics = {b["extra_info"]["metric"]: b for b in data["benchmarks"]}
