@@ -24,7 +24,13 @@ from pathlib import Path
 from types import TracebackType
 
 from pytest_moeperf.ab.sides import Side
-from pytest_moeperf.processes.lifecycle import describe_returncode, log_tail, start_in_session, terminate_sessions
+from pytest_moeperf.processes.lifecycle import (
+    describe_returncode,
+    log_tail,
+    start_in_session,
+    terminate_sessions,
+    wait_all,
+)
 
 __all__ = ["ServerError", "Servers"]
 
@@ -104,10 +110,5 @@ class Servers:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        wait_all(procs, STOP_GRACE_S)
         terminate_sessions(procs)

@@ -22,6 +22,7 @@ __all__ = [
     "signal_session",
     "start_in_session",
     "terminate_sessions",
+    "wait_all",
 ]
 
 #: How long each of SIGTERM and SIGKILL is given to end a session before the next step.
@@ -80,14 +81,19 @@ def terminate_sessions(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: flo
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             signal_session(pid, sig)
-        deadline = time.monotonic() + grace_s
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        wait_all(procs, grace_s)
         if not leftover_processes(pids):
             return
+
+
+def wait_all(procs: Sequence[subprocess.Popen[bytes]], seconds: float) -> None:
+    """Wait for each of ``procs`` to exit, ``seconds`` in all (those still running are left running)."""
+    deadline = time.monotonic() + seconds
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
