@@ -87,8 +87,8 @@ class Servers:
         deadline = started + self.timeout_s + 60.0
         for server in self.servers.values():
             while not server.url:
-                if server.url_file.is_file() and server.url_file.read_text().strip():
-                    server.url = server.url_file.read_text().strip()
+                server.url = server.url_file.read_text().strip() if server.url_file.is_file() else ""
+                if server.url:
                     break
                 code = server.proc.poll()
                 if code is not None:

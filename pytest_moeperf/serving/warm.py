@@ -65,6 +65,6 @@ class WarmPass:
                                         "warm_failed": self.failed}
         if self.requests:
             facts.update(warm_passes=self.passes, warm_compiles=self.compiles)
-        if not self.requests:
+        else:
             facts["warm"] = self.note or NOT_ASKED
         return facts

@@ -26,9 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.judging.judge import Judge
-from pytest_moeperf.judging.verdict import Status, judge
-from pytest_moeperf.ledger import Ledger, Record
+from rejudge import referee, with_quiet_floor  # this folder's: run as python tests/benchmarks/crossval.py
+
+from pytest_moeperf.judging.verdict import Status
+from pytest_moeperf.ledger import Record
 from pytest_moeperf.reports.document import ledger_of
 from pytest_moeperf.store.baselines import BaselineStore
 from pytest_moeperf.store.update import plan_update
@@ -61,7 +62,8 @@ def main() -> None:
     parser.add_argument("--factor", type=float, nargs="+", default=[1.0, 1.03, 1.05])
     parser.add_argument("--metric", default="time", help="the metric name the factor applies to (default: time)")
     parser.add_argument("--quiet-floor", type=float, default=None, metavar="FRAC",
-                        help="judge with this quiet floor instead of the recorded one (1 turns it off)")
+                        help="judge with this quiet floor instead of the recorded one, where the metric had one "
+                             "(1 turns it off)")
     args = parser.parse_args()
     if len(args.reports) < 3:
         parser.error("give 3 or more sittings: 2 to store (the quiet floor needs 2 sittings) and 1 to judge")
@@ -73,18 +75,12 @@ def main() -> None:
         others = [d for i, d in enumerate(docs) if i != left_out]
         with tempfile.TemporaryDirectory() as tmp:
             store = store_sittings(Path(tmp), others)
-            section = doc["moeperf"]
-            referee = Judge(store, lambda m, rounds, ref, threshold: judge(m.key, m.name, m.unit, m.better, rounds,
-                                                                            ref, threshold), section["hash"])
-            ledger: Ledger = ledger_of(doc)
-            for record in ledger.records.values():
-                if args.quiet_floor is not None:
-                    floor = None if args.quiet_floor >= 1 else args.quiet_floor
-                    record = dataclasses.replace(record, threshold=dataclasses.replace(record.threshold,
-                                                                                       quiet_floor=floor))
+            judged = referee(store, doc["moeperf"]["hash"])
+            for record in ledger_of(doc).records.values():
+                record = with_quiet_floor(record, args.quiet_floor)
                 for factor in args.factor:
                     scaled = worse(record, factor) if record.metric.name == args.metric else record
-                    verdict = referee.judge(scaled)
+                    verdict = judged.judge(scaled)
                     counts[(factor, record.metric.name)][verdict.status.value] += 1
                     if factor == 1.0 and record.metric.name == args.metric and verdict.mde is not None:
                         mdes.append(verdict.mde)

@@ -28,11 +28,9 @@ def one(case: str) -> dict[str, object]:
     from pytest_moeperf.kernels.devices import cuda_device
     from pytest_moeperf.kernels.models import get_model
 
-    model, rest = case.split("-", 2)[0:2], case.split("-", 2)[2]
-    model_name = "-".join(model)
+    family, version, rest = case.split("-", 2)  # the suite's ids: f"{model}-{op}-m{m}-{impl}", models "name-version"
     op, m_part, impl = rest.rsplit("-", 2)
-    m = int(m_part[1:])
-    problem = gemm.problem_for(get_model(model_name), 8, op, m)
+    problem = gemm.problem_for(get_model(f"{family}-{version}"), 8, op, int(m_part[1:]))
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 

@@ -16,8 +16,24 @@ from pathlib import Path
 
 from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.verdict import Status, judge
+from pytest_moeperf.ledger import Record
 from pytest_moeperf.reports.document import ledger_of
 from pytest_moeperf.store.baselines import BaselineStore
+
+
+def referee(store: BaselineStore, fingerprint_hash: str) -> Judge:
+    """A judge of records against ``store`` under this checkout's verdict rule (no plugin hooks)."""
+    return Judge(store, lambda m, rounds, ref, threshold: judge(m.key, m.name, m.unit, m.better, rounds, ref,
+                                                                 threshold), fingerprint_hash)
+
+
+def with_quiet_floor(record: Record, floor: float | None) -> Record:
+    """``record`` judged with quiet floor ``floor`` (>= 1: off) instead of its recorded one, where it had one (a
+    metric with its own minimum effect has no quiet floor); ``floor`` None: as recorded."""
+    if floor is None or record.threshold.quiet_floor is None:
+        return record
+    return dataclasses.replace(record, threshold=dataclasses.replace(record.threshold,
+                                                                     quiet_floor=None if floor >= 1 else floor))
 
 
 def main() -> None:
@@ -32,15 +48,11 @@ def main() -> None:
     ledger = ledger_of(doc)
     section = doc["moeperf"]
     store = BaselineStore(args.baselines, section["fingerprint"], args.host or section.get("host"))
-    referee = Judge(store, lambda m, rounds, ref, threshold: judge(m.key, m.name, m.unit, m.better, rounds, ref,
-                                                                    threshold), section["hash"])
+    judged = referee(store, section["hash"])
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     flagged = []
     for record in ledger.records.values():
-        if args.quiet_floor is not None and record.threshold.quiet_floor is not None:
-            record = dataclasses.replace(record, threshold=dataclasses.replace(
-                record.threshold, quiet_floor=None if args.quiet_floor >= 1 else args.quiet_floor))
-        verdict = referee.judge(record)
+        verdict = judged.judge(with_quiet_floor(record, args.quiet_floor))
         counts[record.metric.name][verdict.status.value] += 1
         if verdict.status in (Status.REGRESSED, Status.IMPROVED):
             flagged.append(f"{verdict.status.value} {record.key}: {verdict.message()}")
