@@ -30,9 +30,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
-from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator, random_token_requests
+from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator
 from pytest_moeperf.serving.metrics import ServingMetrics
 from pytest_moeperf.serving.prometheus import parse
+from pytest_moeperf.serving.prompts import random_token_requests
 from pytest_moeperf.serving.server import http_get
 
 FIELDS = (

@@ -18,7 +18,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,8 +35,6 @@ __all__ = [
     "Request",
     "WindowResult",
     "arrival_offsets",
-    "prompt_set_requests",
-    "random_token_requests",
     "stream_outcome",
 ]
 
@@ -126,45 +123,6 @@ def arrival_offsets(shape: OpenLoop, count: int) -> list[float]:
         offsets.append(t)
         t += rng.gammavariate(shape.burstiness, theta)
     return offsets
-
-
-def random_token_requests(
-    count: int,
-    input_len: int,
-    output_len: int,
-    *,
-    token_range: tuple[int, int] | None = None,
-    vocabulary: Sequence[int] = (),
-    seed: int = 0,
-) -> list[Request]:
-    """Prompts of exactly ``input_len`` uniformly random token ids, drawn from ``token_range`` (half-open) or
-    from ``vocabulary`` (ids known to be valid), with ``ignore_eos`` so every request generates exactly
-    ``output_len`` tokens."""
-    if vocabulary:
-        pool: Sequence[int] = tuple(vocabulary)
-    elif token_range is not None and 0 <= token_range[0] < token_range[1]:
-        pool = range(*token_range)
-    else:
-        raise ValueError(f"need a vocabulary or a token_range with 0 <= low < high, got {token_range}")
-    rng = random.Random(seed)
-    return [
-        Request(
-            prompt=tuple(rng.choice(pool) for _ in range(input_len)),
-            max_tokens=output_len,
-            prompt_tokens=input_len,
-        )
-        for _ in range(count)
-    ]
-
-
-def prompt_set_requests(path: Path, count: int, output_len: int, *, seed: int = 0) -> list[Request]:
-    """``count`` prompts drawn from a JSON list of strings (a seeded shuffle, cycled), ``ignore_eos``."""
-    prompts = json.loads(path.read_text())
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-        raise ValueError(f"{path}: expected a non-empty JSON list of strings")
-    order = list(prompts)
-    random.Random(seed).shuffle(order)
-    return [Request(prompt=order[i % len(order)], max_tokens=output_len) for i in range(count)]
 
 
 @dataclass
@@ -259,7 +217,7 @@ class LoadGenerator:
 
         async def client() -> None:
             for index, req in queue:
-                results[index] = outcome = await self._send(session, req, start)
+                results[index] = outcome = await self._send_checked(session, req, start)
                 tally.add(outcome)
 
         await asyncio.gather(*(client() for _ in range(min(concurrency, len(requests)))))
@@ -274,7 +232,7 @@ class LoadGenerator:
         async def one(req: Request, offset: float) -> RequestOutcome:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
             async with gate:
-                outcome = await self._send(session, req, start)
+                outcome = await self._send_checked(session, req, start)
             tally.add(outcome)
             return outcome
 
@@ -299,6 +257,15 @@ class LoadGenerator:
             body["max_tokens"] = req.max_tokens
         body.update(self.extra_body)
         return body
+
+    async def _send_checked(self, session: aiohttp.ClientSession, req: Request, start: float) -> RequestOutcome:
+        """`_send`, then, after a failed request, the liveness check at once: a dead server's port refuses requests
+        faster than the watch's interval (a quiet CI box saw 1,978 requests fail in 0.2 s after a kill, and the
+        window ran to its end before the watch looked)."""
+        outcome = await self._send(session, req, start)
+        if not outcome.success and self.liveness is not None:
+            await self.liveness()
+        return outcome
 
     async def _send(self, session: aiohttp.ClientSession, req: Request, start: float) -> RequestOutcome:
         url = self.base_url.rstrip("/") + self.endpoint.value

@@ -21,12 +21,11 @@ from pytest_moeperf.serving.loadgen import (
     LoadShape,
     Request,
     WindowResult,
-    prompt_set_requests,
-    random_token_requests,
 )
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.profiles import ServeProfile
 from pytest_moeperf.serving.prometheus import parse
+from pytest_moeperf.serving.prompts import prompt_set_requests, random_token_requests
 from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, http_get
 from pytest_moeperf.serving.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
 from pytest_moeperf.serving.warm import ALREADY_WARM, NOT_ASKED, ShapeKey, WarmPass, shape_key

@@ -9,14 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.loadgen import (
-    ClosedLoop,
-    OpenLoop,
-    arrival_offsets,
-    prompt_set_requests,
-    random_token_requests,
-)
+from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator, OpenLoop, Request, arrival_offsets
+from pytest_moeperf.serving.ports import free_port
 from pytest_moeperf.serving.profiles import ProfileError, launch_blocker, load_profiles
+from pytest_moeperf.serving.prompts import prompt_set_requests, random_token_requests
 
 REPO = Path(__file__).parents[2]
 
@@ -113,3 +109,18 @@ def test_eagle3_head_names_three_hidden_states_the_tiny_target_has() -> None:
     for layers in (2, 3, 8):
         ids = eagle3_config(TinyMoeSpec(num_hidden_layers=layers))["eagle_aux_hidden_state_layer_ids"]
         assert len(set(ids)) == 3 and all(0 <= i <= layers for i in ids), (layers, ids)
+
+
+def test_a_refused_request_asks_the_liveness_check_at_once_not_at_the_next_watch_tick() -> None:
+    """A dead server's port refuses requests faster than the watch's interval; the first failure must ask."""
+    asked: list[int] = []
+
+    async def liveness() -> None:
+        asked.append(1)
+        if len(asked) > 1:  # the watch's own first look passes: the server was alive when the window began
+            raise RuntimeError("server gone")
+
+    gen = LoadGenerator(f"http://127.0.0.1:{free_port()}", "m", liveness=liveness, liveness_interval_s=3600.0)
+    with pytest.raises(RuntimeError, match="server gone"):
+        gen.run([Request(prompt="x", max_tokens=1)] * 50, ClosedLoop(1))
+    assert len(asked) == 2  # the watch's first look, then the first refused request's: not 50
