@@ -25,6 +25,8 @@ class Timed:
 #: GPU: target duration of one captured graph and of all timed replays of a case.
 GPU_GRAPH_US = 2000.0
 GPU_TOTAL_US = 100_000.0
+#: GPU: untimed graph replays before the timed ones, at least this many and at least ``warmup_us`` of them.
+GPU_WARMUP_REPLAYS = 3
 #: CPU: one intra-op thread. On a small shared machine, OpenMP threads that spin waiting for a core another
 #: process holds turn a 1 ms GEMM into 10 ms; one thread is slower but far steadier.
 CPU_THREADS = 1
@@ -38,13 +40,14 @@ CPU_CLOCK_NAME = "thread_time"
 
 
 def measure(impl: str, problem: Problem, *, device: str, cache_bytes: int, quick: bool = False,
-            max_total_bytes: int | None = None) -> Timed:
+            max_total_bytes: int | None = None, warmup_us: float = 0.0) -> Timed:
     """Build ``impl`` for ``problem`` with enough weight copies to exceed ``2 × cache_bytes``, check it
     (:func:`check` raises above the tolerance: a wrong kernel is never timed), then time it: on CUDA a graph
     of back-to-back calls cycling through the copies (:func:`~pytest_moeperf.kernels.timing.time_cuda_graph`, sized
     from an eager estimate to ~2 ms per graph and ~100 ms in all), on CPU
     :func:`~pytest_moeperf.kernels.timing.time_cpu` with :data:`CPU_THREADS` intra-op threads on the :data:`CPU_CLOCK`
-    (thread CPU time), each sample the best of :data:`CPU_BEST_OF` batches of calls lasting >= 10 ms."""
+    (thread CPU time), each sample the best of :data:`CPU_BEST_OF` batches of calls lasting >= 10 ms. On CUDA the
+    untimed replays before the timed ones last at least ``warmup_us`` (at least :data:`GPU_WARMUP_REPLAYS`)."""
     import torch
 
     from pytest_moeperf.kernels import timing
@@ -72,7 +75,8 @@ def measure(impl: str, problem: Problem, *, device: str, cache_bytes: int, quick
     calls = math.ceil(calls / copies) * copies  # every copy equally often
     total = GPU_TOTAL_US / (3 if quick else 1)
     replays = max(10, min(60, math.ceil(total / (estimate * calls))))
-    samples = timing.time_cuda_graph(fn, calls_per_graph=calls, replays=replays, warmup=3)
+    warmup = max(GPU_WARMUP_REPLAYS, math.ceil(warmup_us / (estimate * calls)))
+    samples = timing.time_cuda_graph(fn, calls_per_graph=calls, replays=replays, warmup=warmup)
     del built, fn
     torch.cuda.empty_cache()
     return Timed(samples, copies, err, None)
