@@ -18,7 +18,7 @@ from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.shift import Family, family_views, shift_notes, shift_sections
 from pytest_moeperf.judging.thresholds import Reference, Threshold
-from pytest_moeperf.judging.verdict import Status, Verdict, missing
+from pytest_moeperf.judging.verdict import Cause, Status, Verdict, missing
 from pytest_moeperf.ledger import Ledger, Measurement, suite_of
 from pytest_moeperf.machine.provenance import git_commit_info
 from pytest_moeperf.machine.topology import Topology
@@ -124,9 +124,16 @@ class Conclusion:
                 v = record.verdict
                 if (v is not None and v.status in (Status.IMPROVED, Status.REGRESSED) and v.name == family.name
                         and key.split("::")[0] == family.family):
-                    self.ledger.decide(key, dataclasses.replace(v, reason="; ".join([v.reason, note] if v.reason
-                                                                                    else [note])))
+                    self.ledger.decide(key, _in_moved_family(v, note))
         return [f for f in shifts if f.moved]
+
+    def regressed_unfailed(self) -> list[Verdict]:
+        """REGRESSED verdicts whose test did not fail for them: those against other hosts' baselines, decided here
+        (after the machine-shift view), and a --moeperf-rounds parent's. None under --moeperf-update (reported,
+        not failed) or in a --moeperf-rounds child (its parent judges)."""
+        if self.settings.update or self.settings.round_of:
+            return []
+        return [v for v in self.ledger.verdicts if v.status is Status.REGRESSED]
 
     def finish(self, stopped: bool) -> bool:
         """Run the consumers; True when the session must fail for them (an update that failed or wrote nothing
@@ -147,7 +154,7 @@ class Conclusion:
                 self._update(moved)
         self._write_reports()
         strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings)
-        return self.update_failed or strict
+        return self.update_failed or strict or bool(self.regressed_unfailed())
 
     def _update(self, moved: list[Family]) -> None:
         from pytest_moeperf.store.update import plan_update
@@ -241,6 +248,11 @@ class Conclusion:
         if undecided_beyond:
             out.append((f"moeperf: {len(undecided_beyond)} metric(s) moved beyond their threshold but are not "
                         "decided (INCONCLUSIVE: see the reasons above; --moeperf-strict fails them)", True))
+        cross_host = [v for v in self.regressed_unfailed() if v.noise_source == "hosts"]
+        if cross_host:
+            out.append((f"moeperf: {len(cross_host)} metric(s) REGRESSED against other hosts' baselines, beyond their "
+                        "spread between hosts and not in a family that moved as a whole: the session fails", True))
+            out += [(f"  {v.key.rsplit('::', 1)[0]}::{v.message()}", True) for v in cross_host]
         improved = sum(1 for v in verdicts if v.status is Status.IMPROVED)
         if improved and not self.settings.update:
             out.append((f"{improved} metric(s) improved: refresh with --moeperf-update", False))
@@ -250,3 +262,13 @@ class Conclusion:
                         f"{len(ledger.warnings)} warning(s): the session fails", True))
         return out
 
+
+def _in_moved_family(v: Verdict, note: str) -> Verdict:
+    """A verdict inside a family that moved as a whole says so. Against other hosts' baselines it cannot be called:
+    a whole family moving together is what another host looks like (seen on a fresh 1x H200: every gloo size
+    +21 % against 4 other hosts whose spread allowed 5-8 %), so it is INCONCLUSIVE."""
+    if v.noise_source != "hosts":
+        return dataclasses.replace(v, reason="; ".join([v.reason, note] if v.reason else [note]))
+    why = (f"baseline from other hosts and its {note.replace('likely the machine', 'this host differs from theirs')}"
+           "; record one here with --moeperf-update (--moeperf-rounds 3 in 2 sittings)")
+    return dataclasses.replace(v, status=Status.INCONCLUSIVE, cause=Cause.OTHER_HOST, reason=why)

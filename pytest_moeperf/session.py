@@ -101,10 +101,10 @@ class MoePerfSession(Conclusion):
                 broken[str(exc)] = None
                 continue
             records.append(Record(record.metric, record.rounds, record.threshold, verdict))
-            if verdict.status is Status.REGRESSED:
+            lines.append(verdict.message())
+            if verdict.status is Status.REGRESSED and verdict.noise_source != "hosts":  # hosts: the session's end
                 changes = software_changes(self.judge.store.entry(record.key), self.topology.software)
                 regressed.append(verdict.message() + (f"\n  {changes}" if changes else ""))
-            lines.append(verdict.message())
         payload = json.dumps([r.to_json() for r in records], separators=(",", ":"), sort_keys=True)
         rep.user_properties.append((PROPERTY, payload))  # to the controller (xdist) and to this session's ledger
         item.user_properties.extend(junit.properties([r.verdict for r in records if r.verdict is not None]))
