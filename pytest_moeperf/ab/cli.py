@@ -2,7 +2,8 @@
 
 Exit status: 0 no metric REGRESSED (and no test failed); 1 a metric REGRESSED or a test failed on a side; 2 bad
 input (an option, a side that cannot run pytest, pytest arguments that select nothing or that moeperf ab refuses);
-3 a side's session crashed (its output is shown); 130 interrupted (Ctrl-C: nothing is written).
+3 a side's session crashed (its output is shown); 130 interrupted (Ctrl-C, or SIGINT from a job's time limit: the
+complete pairs so far are judged and the reports written, saying so; before the first complete pair nothing is).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "randomized ABBA blocks of separate processes on this box, and judge each metric on the pairs.",
         epilog="Arguments after -- go to pytest on both sides (tests, -k, --moeperf-tolerance, -p plugins). Exit "
                "status: 0 no regression, 1 a metric regressed or a test failed, 2 bad input, 3 a side's session "
-               "crashed, 130 interrupted.")
+               "crashed, 130 interrupted (the complete pairs are judged and written).")
     for side in (BASE, HEAD):
         parser.add_argument(f"--{side}-python", metavar="PATH", type=parse_python,
                             help=f"the {side} side's interpreter or virtual environment (default: this interpreter)")
@@ -158,6 +159,7 @@ def main_ab(argv: Sequence[str]) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     started = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
     base_spec, head_spec = _specs(args)
+    stopped = False
     try:
         with Checkouts(Path.cwd()) as checkouts, tempfile.TemporaryDirectory(prefix="moeperf-ab-") as tmp:
             try:
@@ -180,12 +182,18 @@ def main_ab(argv: Sequence[str]) -> int:
                     side_args = {name: servers.args(name) for name in (BASE, HEAD)}
                 runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, Path(tmp), seed, _say,
                                 progress=not args.quiet, side_args=side_args)
-                outcomes, notes = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
+                try:
+                    outcomes, notes = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
+                except KeyboardInterrupt:
+                    partial = adaptive.interrupted(runner, args.pairs, args.max_pairs, args.alpha)
+                    if partial is None:
+                        raise
+                    (outcomes, notes), stopped = partial, True
     except ServerError as exc:
         _fail(f"{exc}\nnothing written")
         return EXIT_SIDE
     except KeyboardInterrupt:
-        _fail("interrupted: nothing written")
+        _fail("interrupted before a pair was complete: nothing written")
         return EXIT_INTERRUPTED
     except SideFailed as exc:
         output = (exc.result.stdout + exc.result.stderr).splitlines()
@@ -200,7 +208,8 @@ def main_ab(argv: Sequence[str]) -> int:
         return EXIT_USAGE
     base = dataclasses.replace(base, facts=facts_of(base, runner.first_document(BASE)))
     head = dataclasses.replace(head, facts=facts_of(head, runner.first_document(HEAD)))
-    return conclude(args, runner, outcomes, notes, base, head, seed, started)
+    done = conclude(args, runner, outcomes, notes, base, head, seed, started, stopped)
+    return EXIT_INTERRUPTED if stopped else done
 
 
 def _ledger(runner: Runner, outcomes: dict[str, Outcome]) -> Ledger:
@@ -213,7 +222,7 @@ def _ledger(runner: Runner, outcomes: dict[str, Outcome]) -> Ledger:
 
 
 def conclude(args: argparse.Namespace, runner: Runner, outcomes: dict[str, Outcome], notes: list[str], base: Side,
-             head: Side, seed: int, started: str) -> int:
+             head: Side, seed: int, started: str, interrupted: bool = False) -> int:
     """Sections, reports and the exit status, from the judged run."""
     ledger = _ledger(runner, outcomes)
     level = adaptive.alpha_per_look(args.alpha, args.pairs, args.max_pairs)
@@ -227,7 +236,8 @@ def conclude(args: argparse.Namespace, runner: Runner, outcomes: dict[str, Outco
     failures = [f"{p.label}: {line}" for p in runner.processes for line in p.failures]
     notes += [f"moeperf ab: test failed in {line}" for line in failures]
     head_line = report.header(base, head, args.aa, runner.pairs, runner.blocks, seed)
-    facts = {"mode": "A/A" if args.aa else "A/B", "started": started, "seed": seed, "alpha": args.alpha,
+    facts = {"mode": "A/A" if args.aa else "A/B", "started": started, "interrupted": interrupted, "seed": seed,
+             "alpha": args.alpha,
              "looks": adaptive.looks(args.pairs, args.max_pairs), "alpha_per_look": level,
              "pairs": runner.pairs, "blocks": runner.blocks, "first_pairs": args.pairs, "max_pairs": args.max_pairs,
              "processes": [{"label": p.label, "pair": p.pair, "block": p.block, "seconds": round(p.seconds, 3),

@@ -120,6 +120,16 @@ class Runner:
         self.processes.append(Process(name, self.counts[name], self.pairs, self.blocks,
                                       relabel(done.ledger, label), done.document, tuple(done.failures), seconds))
 
+    def keep_complete_pairs(self) -> int:
+        """After an interruption: drop the processes of a pair whose other side never finished; the pairs left."""
+        sides: dict[int, set[str]] = {}
+        for process in self.processes:
+            sides.setdefault(process.pair, set()).add(process.side)
+        complete = {pair for pair, done in sides.items() if done == {BASE, HEAD}}
+        self.processes = [p for p in self.processes if p.pair in complete]
+        self.pairs = len(complete)
+        return self.pairs
+
     def first_document(self, side: str) -> Mapping[str, Any] | None:
         return next((p.document for p in self.processes if p.side == side and p.document), None)
 

@@ -234,9 +234,10 @@ def decidable(verdict: Verdict) -> bool:
     return verdict.status is Status.INCONCLUSIVE and verdict.cause in Cause.HELPED
 
 
-def budget_ended(verdict: Verdict, max_pairs: int) -> Verdict:
-    """``verdict`` after the pair budget ran out while more pairs could still have decided it."""
+def budget_ended(verdict: Verdict, max_pairs: int, by: str = "") -> Verdict:
+    """``verdict`` after the pair budget (or ``by``: what else) ended the run while more pairs could still have
+    decided it."""
     if not decidable(verdict):
         return verdict
-    return dataclasses.replace(verdict, cause=Cause.BUDGET, reason=f"{verdict.reason} — the pair budget "
-                               f"(--max-pairs {max_pairs}) ended it, not the evidence")
+    return dataclasses.replace(verdict, cause=Cause.BUDGET, reason=f"{verdict.reason} — "
+                               f"{by or f'the pair budget (--max-pairs {max_pairs})'} ended it, not the evidence")

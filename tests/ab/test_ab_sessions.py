@@ -184,10 +184,31 @@ def test_ctrl_c_writes_nothing_and_removes_the_worktrees(project: Path) -> None:
             break
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
-    assert "moeperf ab: interrupted: nothing written" in err
+    assert "moeperf ab: interrupted before a pair was complete: nothing written" in err
     assert not (project / "r.json").exists()
     assert len(git(project, "worktree", "list").splitlines()) == 1
     assert not list(tmp.glob("moeperf-ab-*"))
+
+
+def test_an_interrupted_run_judges_and_writes_its_complete_pairs(suite: Path) -> None:
+    """A job's time limit (``timeout -s INT``) cut a 10-pair GEMM run on a lent H200 after 9 pairs, and nothing was
+    written: the device time was lost. Now the complete pairs are judged and written, saying so."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_moeperf.cli", "ab", "--head-env", "MOEPERF_TEST_SCALE=1.10",
+                             "--pairs", "20", "--max-pairs", "20", "--seed", "5", "--report", "r.json", "--",
+                             "test_syn.py", *PYTEST], cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("  base 8 "):  # pairs 1-7 have both sides: exact two-sided p = 2/2^7
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    ab = json.loads((suite / "r.json").read_text())["moeperf"]["ab"]
+    pairs = ab["pairs"]
+    assert 7 <= pairs <= 8 and ab["interrupted"] is True
+    assert f"interrupted after {pairs} complete pair(s) of at most 20" in out
+    assert f"{LATENCY} " in out and "REGRESSED" in out
 
 
 def test_a_side_server_that_cannot_start_names_its_side_and_leaves_nothing_running(suite: Path) -> None:
