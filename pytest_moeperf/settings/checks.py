@@ -131,6 +131,11 @@ def parse_seconds(text: str) -> float:
     return number_in(0.0, strict=True)(text)
 
 
+def parse_milliseconds(text: str) -> float:
+    """A finite number of milliseconds >= 0."""
+    return number_in(0.0)(text)
+
+
 def parse_count(text: str) -> int:
     """An integer >= 0."""
     return at_least(0)(text)

@@ -22,6 +22,7 @@ from pytest_moeperf.settings.checks import (
     parse_factor,
     parse_floor,
     parse_fraction,
+    parse_milliseconds,
     parse_name,
     parse_percent,
     parse_positive,
@@ -113,6 +114,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("rank-timeout", "rank_timeout_s", "seconds before a multi-process run is declared hung and killed",
            "SECONDS", parse_seconds, 180.0),
     Option("quick", "quick", "fewer cases and repetitions (smoke runs)", None, parse_bool, False),
+    Option("gpu-warmup-ms", "gpu_warmup_ms", "untimed warm-up of each GPU kernel case, in milliseconds of graph "
+           "replays (0: 3 replays). 200 settles the SM clock before timing: on 1x H200 it took compute-bound bf16 "
+           "GEMMs' spread between processes from 6-14 % to 0.2-1.3 %, and reads them 2-14 % slower (the steady "
+           "clock); baselines recorded without it do not compare", "MS", parse_milliseconds, 0.0),
     Option("deadline", "deadline_s", "wall-clock seconds from the session's start after which the remaining perf "
            "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines",
            "SECONDS", parse_seconds, None),
@@ -199,6 +204,7 @@ class Settings:
     emulation: str | None = None
     round_of: str | None = None  # "i/N" in a --moeperf-rounds child
     server_pids: tuple[int, ...] = ()
+    gpu_warmup_ms: float = 0.0
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in

@@ -79,7 +79,7 @@ def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_s
 
     try:
         timed = gemm_measure.measure(impl, problem, device=gemm_device, cache_bytes=device_spec.cache_bytes or 0,
-                             quick=moeperf_settings.quick)
+                                     quick=moeperf_settings.quick, warmup_us=moeperf_settings.gpu_warmup_ms * 1e3)
     except gemm.Unavailable as exc:
         pytest.skip(str(exc))
     dtype = "int4-w4a16-g32" if impl in gemm.INT4_IMPLS else "bf16"
@@ -88,6 +88,7 @@ def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_s
         experts=len(problem.groups), rows=problem.rows, copies=timed.copies, device=device_spec.name,
         threads=timed.threads, clock=gemm_measure.CPU_CLOCK_NAME if gemm_device == "cpu" else "cuda_graph_events",
         rel_err=float(f"{timed.rel_err:.3g}"),
+        **({"warmup_ms": moeperf_settings.gpu_warmup_ms} if gemm_device == "cuda" else {}),
     )
     samples = timed.samples
     wbytes = problem.weight_bytes(impl)
