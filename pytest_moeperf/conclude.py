@@ -8,7 +8,6 @@ one-round session and a rounds session write the same reports from the same ledg
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -16,9 +15,9 @@ from typing import Any
 
 from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.judging.judge import Judge
-from pytest_moeperf.judging.shift import Family, family_views, shift_notes, shift_sections
+from pytest_moeperf.judging.shift import Family, family_views, in_moved_families, shift_notes, shift_sections
 from pytest_moeperf.judging.thresholds import Reference, Threshold
-from pytest_moeperf.judging.verdict import Cause, Status, Verdict, missing
+from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import Ledger, Measurement, suite_of
 from pytest_moeperf.machine.provenance import git_commit_info
 from pytest_moeperf.machine.topology import Topology
@@ -117,14 +116,9 @@ class Conclusion:
         shifts = family_views(verdicts, self.store.run_medians(v.key for v in verdicts))
         self.ledger.sections += shift_sections(shifts)
         self.ledger.notes += shift_notes(shifts)
-        for family in (f for f in shifts if f.moved):
-            note = (f"family {family.name} moved {family.median_change * 100:+.1f} % ({family.same_direction} of "
-                    f"{family.cases} cases): likely the machine")
-            for key, record in self.ledger.records.items():
-                v = record.verdict
-                if (v is not None and v.status in (Status.IMPROVED, Status.REGRESSED) and v.name == family.name
-                        and key.split("::")[0] == family.family):
-                    self.ledger.decide(key, _in_moved_family(v, note))
+        decided = {key: r.verdict for key, r in self.ledger.records.items() if r.verdict is not None}
+        for key, verdict in in_moved_families(decided, shifts).items():
+            self.ledger.decide(key, verdict)
         return [f for f in shifts if f.moved]
 
     def regressed_unfailed(self) -> list[Verdict]:
@@ -261,14 +255,3 @@ class Conclusion:
             out.append((f"moeperf: --moeperf-strict: {len(undecided)} metric(s) INCONCLUSIVE or MISSING and "
                         f"{len(ledger.warnings)} warning(s): the session fails", True))
         return out
-
-
-def _in_moved_family(v: Verdict, note: str) -> Verdict:
-    """A verdict inside a family that moved as a whole says so. Against other hosts' baselines it cannot be called:
-    a whole family moving together is what another host looks like (seen on a fresh 1x H200: every gloo size
-    +21 % against 4 other hosts whose spread allowed 5-8 %), so it is INCONCLUSIVE."""
-    if v.noise_source != "hosts":
-        return dataclasses.replace(v, reason="; ".join([v.reason, note] if v.reason else [note]))
-    why = (f"baseline from other hosts and its {note.replace('likely the machine', 'this host differs from theirs')}"
-           "; record one here with --moeperf-update (--moeperf-rounds 3 in 2 sittings)")
-    return dataclasses.replace(v, status=Status.INCONCLUSIVE, cause=Cause.OTHER_HOST, reason=why)

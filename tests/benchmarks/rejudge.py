@@ -3,7 +3,8 @@ directory, under the verdict rules of this checkout (a benchmark tool, not a tes
 
 The ledger keeps every round's samples, health and window reasons, so a rule change can be measured on real GPU
 noise without a GPU: ``python tests/benchmarks/rejudge.py REPORT.json BASELINES_DIR [--host ID]`` prints the
-verdict counts per metric name, then each REGRESSED and IMPROVED record with its reason.
+verdict counts per metric name, then each REGRESSED and IMPROVED record with its reason. As a session does at its
+end, verdicts inside families that moved as a whole are then read again (`shift.in_moved_families`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 
 from pytest_moeperf.judging.judge import Judge
+from pytest_moeperf.judging.shift import family_views, in_moved_families
 from pytest_moeperf.judging.verdict import Status, judge
 from pytest_moeperf.ledger import Record
 from pytest_moeperf.reports.document import ledger_of
@@ -49,13 +51,15 @@ def main() -> None:
     section = doc["moeperf"]
     store = BaselineStore(args.baselines, section["fingerprint"], args.host or section.get("host"))
     judged = referee(store, section["hash"])
+    verdicts = {key: judged.judge(with_quiet_floor(record, args.quiet_floor)) for key, record in ledger.records.items()}
+    views = family_views(list(verdicts.values()), store.run_medians(verdicts))
+    verdicts.update(in_moved_families(verdicts, views))
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     flagged = []
-    for record in ledger.records.values():
-        verdict = judged.judge(with_quiet_floor(record, args.quiet_floor))
-        counts[record.metric.name][verdict.status.value] += 1
+    for key, verdict in verdicts.items():
+        counts[verdict.name][verdict.status.value] += 1
         if verdict.status in (Status.REGRESSED, Status.IMPROVED):
-            flagged.append(f"{verdict.status.value} {record.key}: {verdict.message()}")
+            flagged.append(f"{verdict.status.value} {key}: {verdict.message()}")
     for name, found in sorted(counts.items()):
         print(f"{name:20s} " + "  ".join(f"{s} {n}" for s, n in sorted(found.items())))
     print("\n".join(flagged))
