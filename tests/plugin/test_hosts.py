@@ -129,7 +129,9 @@ def test_against_other_hosts_a_family_that_moved_as_a_whole_is_the_host_and_a_lo
                        "--moeperf-strict").ret == pytest.ExitCode.TESTS_FAILED
 
     monkeypatch.setenv("SCALED", "3")
-    lone = run_moeperf("--moeperf-host-id", "D", "--moeperf-history", "off")
+    lone = run_moeperf("--moeperf-host-id", "D", "--moeperf-history", "off", "--junitxml", "j.xml")
+    assert "REGRESSED (provisional: against other hosts' baselines, decided at the session's end)" in (
+        pytester.path / "j.xml").read_text()
     assert lone.ret == pytest.ExitCode.TESTS_FAILED, lone.stdout.str()
     lone.stdout.fnmatch_lines(["moeperf: 1 metric(s) REGRESSED against other hosts' baselines, beyond "
                                "their spread between hosts and not in a family that moved as a whole: the session "
