@@ -113,12 +113,12 @@ class Conclusion:
     def _shift(self) -> list[Family]:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
         verdicts = self.ledger.verdicts
-        shifts = family_views(verdicts, self.store.run_medians(v.key for v in verdicts))
+        stored = self.store.run_medians(v.key for v in verdicts)
+        for key, verdict in in_moved_families({v.key: v for v in verdicts}, family_views(verdicts, stored)).items():
+            self.ledger.decide(key, verdict)
+        shifts = family_views(self.ledger.verdicts, stored)  # the same families, counting the verdicts as they read now
         self.ledger.sections += shift_sections(shifts)
         self.ledger.notes += shift_notes(shifts)
-        decided = {key: r.verdict for key, r in self.ledger.records.items() if r.verdict is not None}
-        for key, verdict in in_moved_families(decided, shifts).items():
-            self.ledger.decide(key, verdict)
         return [f for f in shifts if f.moved]
 
     def regressed_unfailed(self) -> list[Verdict]:

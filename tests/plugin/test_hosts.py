@@ -125,6 +125,8 @@ def test_against_other_hosts_a_family_that_moved_as_a_whole_is_the_host_and_a_lo
     whole.stdout.fnmatch_lines(["INCONCLUSIVE *test_kernel?3?::time: baseline from other hosts and its "
                                 "family time moved +30.0 % (10 of 10 cases): this host differs from theirs; record one "
                                 "here with --moeperf-update*", "*10 passed*"])
+    assert "machine shift: 1 metric family moved together" in whole.stdout.str()
+    assert "REGRESSED verdicts are in them" not in whole.stdout.str()  # the shift note counts the verdicts as they read
     assert run_moeperf("--moeperf-host-id", "D", "--moeperf-history", "off",
                        "--moeperf-strict").ret == pytest.ExitCode.TESTS_FAILED
 
