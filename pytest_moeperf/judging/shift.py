@@ -177,8 +177,10 @@ def shift_sections(views: Sequence[Family]) -> list[Section]:
             "code: the machine runs faster or slower than when its baselines were recorded. A change of a whole "
             "family smaller than its median move cannot be told from the machine's. A relative threshold judges a "
             "case against its family's move, learned from its stored runs with each run's family move divided "
-            "out; relative outliers are cases beyond it: leads to look at, not verdicts. Nothing here changes a "
-            "verdict; re-record the baselines if the machine's new state is the one to guard.")
+            "out; relative outliers are cases beyond it: leads to look at, not verdicts. On this host's baselines "
+            "the verdicts stand (they say 'likely the machine'); against other hosts' baselines a family that moved "
+            "as a whole is this host, and its verdicts are INCONCLUSIVE. Re-record the baselines if the machine's "
+            "new state is the one to guard.")
     if leads:
         note += "\nRelative outliers: " + "; ".join(leads) + "."
     return [Section("Machine shift: whole families moved together" if moved else "Relative outliers",
