@@ -81,7 +81,12 @@ def terminate_sessions(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: flo
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             signal_session(pid, sig)
+        deadline = time.monotonic() + grace_s
         wait_all(procs, grace_s)
+        # the leaders are reaped; a grandchild killed with them can still be exiting (seen on a loaded 2-core box:
+        # one left just after the SIGKILL round): poll the sessions, not only the leaders
+        while leftover_processes(pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
         if not leftover_processes(pids):
             return
 
