@@ -207,7 +207,7 @@ def shift_notes(views: Sequence[Family]) -> list[str]:
 def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family]) -> dict[str, Verdict]:
     """The IMPROVED and REGRESSED verdicts (by key) inside families that moved as a whole, as they now read: with
     the family's move in the reason; against other hosts' baselines (noise source ``hosts``) INCONCLUSIVE, cause
-    ``other-host`` (seen on a fresh 1x H200: every gloo size +21 % against 4 other hosts whose spread allowed
+    ``other-host`` (seen on a fresh 1x H200: every gloo size +21 % against 3 other hosts whose spread allowed
     5-8 %)."""
     changed = {}
     for family in (f for f in views if f.moved):
