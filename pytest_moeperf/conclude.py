@@ -121,10 +121,10 @@ class Conclusion:
         self.ledger.notes += shift_notes(shifts)
         return [f for f in shifts if f.moved]
 
-    def regressed_unfailed(self) -> list[Verdict]:
-        """REGRESSED verdicts whose test did not fail for them: those against other hosts' baselines, decided here
-        (after the machine-shift view), and a --moeperf-rounds parent's. None under --moeperf-update (reported,
-        not failed) or in a --moeperf-rounds child (its parent judges)."""
+    def failing_regressions(self) -> list[Verdict]:
+        """The REGRESSED verdicts that fail the session: all of them (those against other hosts' baselines fail only
+        here, their tests passed), except under --moeperf-update (reported, not failed) and in a --moeperf-rounds
+        child (its parent judges)."""
         if self.settings.update or self.settings.round_of:
             return []
         return [v for v in self.ledger.verdicts if v.status is Status.REGRESSED]
@@ -148,7 +148,7 @@ class Conclusion:
                 self._update(moved)
         self._write_reports()
         strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings)
-        return self.update_failed or strict or bool(self.regressed_unfailed())
+        return self.update_failed or strict or bool(self.failing_regressions())
 
     def _update(self, moved: list[Family]) -> None:
         from pytest_moeperf.store.update import plan_update
@@ -242,7 +242,7 @@ class Conclusion:
         if undecided_beyond:
             out.append((f"moeperf: {len(undecided_beyond)} metric(s) moved beyond their threshold but are not "
                         "decided (INCONCLUSIVE: see the reasons above; --moeperf-strict fails them)", True))
-        cross_host = [v for v in self.regressed_unfailed() if v.noise_source == "hosts"]
+        cross_host = [v for v in self.failing_regressions() if v.provisional]
         if cross_host:
             out.append((f"moeperf: {len(cross_host)} metric(s) REGRESSED against other hosts' baselines, beyond their "
                         "spread between hosts and not in a family that moved as a whole: the session fails", True))

@@ -102,7 +102,7 @@ class MoePerfSession(Conclusion):
                 continue
             records.append(Record(record.metric, record.rounds, record.threshold, verdict))
             lines.append(verdict.message())
-            if verdict.status is Status.REGRESSED and verdict.noise_source != "hosts":  # hosts: the session's end
+            if verdict.status is Status.REGRESSED and not verdict.provisional:
                 changes = software_changes(self.judge.store.entry(record.key), self.topology.software)
                 regressed.append(verdict.message() + (f"\n  {changes}" if changes else ""))
         payload = json.dumps([r.to_json() for r in records], separators=(",", ":"), sort_keys=True)

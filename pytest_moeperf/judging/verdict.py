@@ -90,6 +90,12 @@ class Verdict:
         return self.status is Status.INCONCLUSIVE and self.change is not None and self.cause in Cause.HELPED
 
     @property
+    def provisional(self) -> bool:
+        """A REGRESSED against other hosts' baselines: its test does not fail for it; the session's end decides it,
+        after the machine-shift view (a family that moved as a whole is the host: `shift.in_moved_families`)."""
+        return self.status is Status.REGRESSED and self.noise_source == "hosts"
+
+    @property
     def estimate(self) -> float | None:
         return stats.median(self.round_medians) if self.round_medians else None
 

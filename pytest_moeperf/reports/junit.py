@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pytest_moeperf.judging.verdict import Status, Verdict
+from pytest_moeperf.judging.verdict import Verdict
 
 
 def properties(verdicts: Iterable[Verdict]) -> list[tuple[str, str]]:
@@ -12,7 +12,7 @@ def properties(verdicts: Iterable[Verdict]) -> list[tuple[str, str]]:
     out = []
     for v in verdicts:
         parts = [v.status.value]
-        if v.status is Status.REGRESSED and v.noise_source == "hosts":  # the session's end decides it (conclude)
+        if v.provisional:
             parts[0] += " (provisional: against other hosts' baselines, decided at the session's end)"
         if v.current is not None:
             parts.append(f"current {v.current.median:.6g} {v.unit}")

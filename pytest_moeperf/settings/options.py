@@ -115,9 +115,9 @@ OPTIONS: tuple[Option, ...] = (
            "SECONDS", parse_seconds, 180.0),
     Option("quick", "quick", "fewer cases and repetitions (smoke runs)", None, parse_bool, False),
     Option("gpu-warmup-ms", "gpu_warmup_ms", "untimed warm-up of each GPU kernel case, in milliseconds of graph "
-           "replays (0: 3 replays). 200 settles the SM clock before timing: on 1x H200 it took compute-bound bf16 "
-           "GEMMs' spread between processes from 6-14 % to 0.2-1.3 %, and reads them 2-14 % slower (the steady "
-           "clock); baselines recorded without it do not compare", "MS", parse_milliseconds, 0.0),
+           "replays (0: 3 replays). 200 settles the SM clock before timing: on 1x H200 it took the spread of "
+           "compute-bound bf16 GEMMs between processes from p90 11 % to 2.8 %, and reads them up to 16 % slower "
+           "(the steady clock); baselines recorded without it do not compare", "MS", parse_milliseconds, 0.0),
     Option("deadline", "deadline_s", "wall-clock seconds from the session's start after which the remaining perf "
            "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines",
            "SECONDS", parse_seconds, None),
