@@ -21,6 +21,32 @@ from pytest_moeperf.judging.verdict import Status, Verdict
 Better = Literal["lower", "higher"]
 JSONScalar = str | int | float | bool | None
 LEDGER_SCHEMA = 1
+#: the context key that names what a test measured (e.g. a serving window's requests): part of its metrics' identity
+WORKLOAD = "workload"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What makes two values of a metric comparable: its unit, its direction and the workload that produced it
+    (``context["workload"]``; None when the test names none)."""
+
+    unit: str
+    better: str
+    workload: JSONScalar = None
+
+    @classmethod
+    def of(cls, unit: str, better: str, context: Mapping[str, Any]) -> Identity:
+        return cls(unit, better, context.get(WORKLOAD))
+
+    def change(self, new: Identity, was: str = "baseline", now: str = "now") -> str:
+        """What changed from this identity (``was``) to ``new`` (``now``); "" when nothing did."""
+        parts = []
+        if (self.unit, self.better) != (new.unit, new.better):
+            parts.append(f"unit or direction changed: {was} {self.unit!r} ({self.better} is better), {now} "
+                         f"{new.unit!r} ({new.better} is better)")
+        if self.workload != new.workload:
+            parts.append(f"workload changed: {was} {self.workload!r}, {now} {new.workload!r}")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -60,6 +86,10 @@ class Measurement:
     @property
     def suite(self) -> str:
         return suite_of(self.test_id)
+
+    @property
+    def identity(self) -> Identity:
+        return Identity.of(self.unit, self.better, self.context)
 
     def to_json(self) -> dict[str, Any]:
         return {"test_id": self.test_id, "name": self.name, "samples": list(self.samples), "unit": self.unit,

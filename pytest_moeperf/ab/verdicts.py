@@ -33,7 +33,7 @@ from pytest_moeperf.judging.thresholds import Threshold
 from pytest_moeperf.judging.verdict import Cause, Status, Verdict, missing
 from pytest_moeperf.ledger import Record
 
-CHANGED = "changed"  # the cause of a metric whose unit or direction differs between the sides
+CHANGED = "changed"  # the cause of a metric whose unit, direction or workload differs between the sides
 SOURCE = "pairs"  # the verdicts' noise source: the pairs themselves
 
 
@@ -132,12 +132,11 @@ def _identity(metric: MetricPairs) -> Verdict | Record:
         m = base.metric
         return missing(metric.key, m.name, m.unit, m.better, None, "head does not record it")
     assert base is not None
-    if (base.metric.unit, base.metric.better) != (head.metric.unit, head.metric.better):
+    change = base.metric.identity.change(head.metric.identity, "base", "head")
+    if change:
         m = head.metric
         return Verdict(metric.key, m.name, m.unit, m.better, Status.INCONCLUSIVE, None, threshold=base.threshold,
-                       reason=f"unit or direction differs: base {base.metric.unit!r} ({base.metric.better} is "
-                              f"better), head {m.unit!r} ({m.better} is better): the values cannot be paired",
-                       cause=CHANGED)
+                       reason=f"{change}: the values cannot be paired", cause=CHANGED)
     return base  # the base side's policy: the minimum effect in force before the change
 
 

@@ -24,7 +24,7 @@ Decide = Callable[[Measurement, tuple[tuple[float, ...], ...], Reference | None,
 
 
 class MetricChanged(Exception):
-    """A metric's unit or direction differs from its stored entry: the numbers cannot be compared."""
+    """A metric's unit, direction or workload differs from its stored entry: the numbers cannot be compared."""
 
 
 class NoiseSource(Protocol):
@@ -40,19 +40,19 @@ class Judge:
     store: BaselineStore
     decide: Decide
     fingerprint_hash: str
-    update: bool = False  # a changed unit starts the metric afresh instead of failing its test
+    update: bool = False  # a changed unit or workload starts the metric afresh instead of failing its test
     strict: bool = False
     noise: NoiseSource | None = None
 
     def baseline(self, metric: Measurement) -> BaselineEntry | None:
         """The stored entry of ``metric`` (None: none, or an update re-records a changed one).
-        Raises `BaselineError` for an unusable file, `MetricChanged` for a changed unit or direction."""
+        Raises `BaselineError` for an unusable file, `MetricChanged` for a changed unit, direction or workload."""
         entry = self.store.entry(metric.key)
-        if entry is not None and (entry.unit, entry.better) != (metric.unit, metric.better):
-            change = (f"{metric.name}: unit or direction changed: baseline {entry.unit!r} ({entry.better} is "
-                      f"better), now {metric.unit!r} ({metric.better} is better)")
+        change = entry.identity.change(metric.identity) if entry is not None else ""
+        if change:
             if not self.update:
-                raise MetricChanged(change + "; the numbers cannot be compared: re-record with --moeperf-update")
+                raise MetricChanged(f"{metric.name}: {change}; the numbers cannot be compared: re-record with "
+                                    "--moeperf-update")
             return None
         return entry
 

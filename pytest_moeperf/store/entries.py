@@ -16,7 +16,7 @@ from typing import Any
 from pytest_moeperf.judging import stats
 from pytest_moeperf.judging.stats import Summary, summarize
 from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference
-from pytest_moeperf.ledger import Measurement
+from pytest_moeperf.ledger import Identity, Measurement
 
 _SIGNIFICANT = 6
 MIN_HOSTS_FOR_SPREAD = 3
@@ -93,9 +93,13 @@ class BaselineEntry:
     context: Mapping[str, Any] = field(default_factory=dict)
     provenance: Mapping[str, Any] = field(default_factory=dict)
     runs: tuple[RunSummary, ...] = ()  # oldest first; empty means "the summary is the only run"
-    #: when a re-record (a changed unit or direction) reset these runs: a noise source older than this is not the
-    #: same measurement (None: never reset)
+    #: when a re-record (a changed unit, direction or workload) reset these runs: a noise source older than this is
+    #: not the same measurement (None: never reset)
     since: str | None = None
+
+    @property
+    def identity(self) -> Identity:
+        return Identity.of(self.unit, self.better, self.context)
 
     @property
     def all_runs(self) -> tuple[RunSummary, ...]:
@@ -157,9 +161,9 @@ class BaselineEntry:
             raise BaselineError(f"{where}: metric {key!r} is malformed ({type(exc).__name__}: {exc})") from None
 
     def updated(self, m: Measurement, provenance: Mapping[str, Any], keep: int) -> BaselineEntry:
-        """This entry with one more run (``m``); a changed unit or direction starts the runs afresh."""
+        """This entry with one more run (``m``); a changed unit, direction or workload starts the runs afresh."""
         fresh = BaselineEntry.from_measurement(m, provenance)
-        if (self.unit, self.better) != (m.unit, m.better):  # a re-record: older noise is another measurement
+        if self.identity.change(m.identity):  # a re-record: older runs measured something else
             return dataclasses.replace(fresh, since=provenance.get("date"))
         return dataclasses.replace(fresh, runs=keep_last(self.all_runs + fresh.runs, keep), since=self.since)
 
@@ -173,10 +177,11 @@ class BaselineEntry:
 def merge_entries(a: BaselineEntry, b: BaselineEntry, keep: int) -> BaselineEntry:
     """One metric's runs from two copies of a baseline that were updated apart (e.g. two GPU runners, or two hosts
     of one fingerprint): the union of their runs by date (a run both hold counts once), the last ``keep`` of each host;
-    summary, context and provenance of the copy updated last. Copies whose unit or direction differ cannot be
-    merged (`BaselineError`)."""
-    if (a.unit, a.better) != (b.unit, b.better):
-        raise BaselineError(f"metric {a.key!r}: cannot merge {a.unit}/{a.better} with {b.unit}/{b.better}")
+    summary, context and provenance of the copy updated last. Copies whose unit, direction or workload differ
+    cannot be merged (`BaselineError`)."""
+    change = a.identity.change(b.identity)
+    if change:
+        raise BaselineError(f"metric {a.key!r}: cannot merge the two copies: {change}")
     runs = sorted(set(a.all_runs) | set(b.all_runs), key=lambda r: (r.date or "", r.median))
     newer = b if (b.provenance.get("date") or "") >= (a.provenance.get("date") or "") else a
     since = min((s for s in (a.since, b.since) if s is not None), default=None)

@@ -105,7 +105,7 @@ def test_metrics_on_one_side_only_and_changed_units() -> None:
     assert out[KEY].verdict.status is Status.NEW and "only head" in out[KEY].verdict.reason
     assert out[KEY + "2"].verdict.status is Status.MISSING
     assert out[KEY + "3"].verdict.status is Status.INCONCLUSIVE and not decidable(out[KEY + "3"].verdict)
-    assert "unit or direction differs" in out[KEY + "3"].verdict.reason
+    assert "unit or direction changed" in out[KEY + "3"].verdict.reason
 
 
 def test_pairs_that_cannot_decide_are_left_out_and_named() -> None:

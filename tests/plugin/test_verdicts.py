@@ -215,6 +215,30 @@ def test_unit_change_fails_the_test_naming_both(pytester: pytest.Pytester, run_m
     run_moeperf().assert_outcomes(passed=1)
 
 
+def test_a_changed_workload_is_not_compared_and_its_re_record_starts_afresh(
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile(test_workload="""
+        import json, os
+        def test_t(perf):
+            perf.context(workload=os.environ.get("WORKLOAD") or None)
+            perf.record("t", [float(os.environ.get("T", "10"))], unit="us")
+    """)
+    for _ in range(3):
+        run_moeperf("--moeperf-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("WORKLOAD", "outputs spread")
+    monkeypatch.setenv("T", "30")  # three times slower, but another workload: no verdict either way
+    result = run_moeperf()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*t: workload changed: baseline None, now 'outputs spread'; the numbers cannot be "
+                                 "compared: re-record with --moeperf-update*"])
+    run_moeperf("--moeperf-update").assert_outcomes(passed=1)  # the re-record keeps none of the old runs
+    stored = json.loads(next(pytester.path.glob("baselines/*/test_workload.json")).read_text())
+    entry = stored["metrics"]["test_workload.py::test_t::t"]
+    assert [r["median"] for r in entry["runs"]] == [30.0] and entry["since"]
+    assert entry["context"]["workload"] == "outputs spread"
+    run_moeperf().assert_outcomes(passed=1)
+
+
 def test_bad_marker_arguments_error_that_test_only(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
     pytester.makepyfile(test_bad="""
         import pytest
