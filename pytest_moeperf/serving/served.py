@@ -136,8 +136,8 @@ class Served:
         return tuple(sorted({int(t) for t in tokens}))
 
     @staticmethod
-    def prompt_set(path: Path, count: int, output_len: int, *, seed: int = 0) -> list[Request]:
-        return prompt_set_requests(path, count, output_len, seed=seed)
+    def prompt_set(path: Path, count: int, output_len: int, *, seed: int = 0, distinct: bool = False) -> list[Request]:
+        return prompt_set_requests(path, count, output_len, seed=seed, distinct=distinct)
 
     def scrape(self) -> str:
         self.server.alive_or_raise()

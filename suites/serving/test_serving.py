@@ -2,8 +2,10 @@
 
 The profiles are data (``--moeperf-profiles``, default ``suites/serving/profiles``; or the servers attached with
 ``--moeperf-server-url``): ``pytest_generate_tests`` below runs every no-speculation profile (every attached
-server) through the plan of its device. Random-token prompts of fixed lengths with ``ignore_eos``; a concurrency
-sweep in closed loop, an open-loop request rate (Poisson and bursty gamma arrivals), and the chat endpoint. Every
+server) through the plan of its device. Random-token prompts of fixed input length with ``ignore_eos``; a
+concurrency sweep in closed loop (on a GPU, outputs spread evenly over +-25 % from 2 clients on, so that the clients
+fall out of step: `Workload.output_spread`), an open-loop request rate (Poisson and bursty gamma arrivals), and the
+chat endpoint (bundled prompts, each opened with a distinct tag so that the prefix cache serves none). Every
 window records TTFT, TPOT, ITL, E2EL (ms, lower is better), their p90 (and p99 from `Workload.p99_from` clients on)
 with order-statistic bounds, the server's own figures (``engine_*``), request/output/total-token throughput and
 goodput (higher is better), and fails on any failed request (a short answer is one). Before each window an
@@ -14,6 +16,7 @@ to healthy is recorded once (``startup_s``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, LoadShape, Open
 from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.plugin import profile_params, profiles_for
 from pytest_moeperf.serving.profiles import ServeProfile
+from pytest_moeperf.serving.prompts import spread_outputs
 from pytest_moeperf.serving.recording import PerfRecorder, record_startup, record_window
 from pytest_moeperf.serving.served import Served
 from pytest_moeperf.serving.tails import requests_needed
@@ -35,7 +39,7 @@ from pytest_moeperf.settings import Settings
 pytestmark = pytest.mark.serving
 
 PROMPTS = Path(__file__).parents[1] / "specdecode" / "prompts" / "repetitive.json"
-CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token) + the chat template
+CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token), a tag, the template
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,12 @@ class Workload:
     concurrencies: tuple[int, ...]
     rates: tuple[tuple[float, float], ...]  # (requests/s, burstiness)
     p99_from: int  # closed loops from this concurrency on also gate p99 (299 requests, seconds there); p90 everywhere
+    output_spread: float = 0.0  # closed loops of 2+ clients: outputs over output_len x [1 -+ spread] (`spread_outputs`)
+
+    def spread(self, shape: LoadShape, endpoint: Endpoint) -> float:
+        """The output spread of a window: clients in step (a closed loop of 2+, random prompts) need one."""
+        closed = isinstance(shape, ClosedLoop) and shape.concurrency > 1 and endpoint is Endpoint.COMPLETIONS
+        return self.output_spread if closed else 0.0
 
     def tails(self, shape: LoadShape) -> tuple[float, ...]:
         return (90.0, 99.0) if isinstance(shape, ClosedLoop) and shape.concurrency >= self.p99_from else (90.0,)
@@ -57,7 +67,7 @@ class Workload:
 # decode-heavy chat (p99 at c=16 and c=64: 299 requests, ~10 s a window on 1x H200).
 WORKLOADS = {
     "cpu": Workload(29, 128, 64, 2, Slo(ttft_ms=1000, tpot_ms=50), (1, 4), ((8.0, 1.0), (8.0, 0.5)), 1 << 30),
-    "cuda": Workload(200, 1024, 256, 8, Slo(ttft_ms=2000, tpot_ms=50), (1, 16, 64), ((4.0, 1.0),), 16),
+    "cuda": Workload(200, 1024, 256, 8, Slo(ttft_ms=2000, tpot_ms=50), (1, 16, 64), ((4.0, 1.0),), 16, 0.25),
 }
 
 
@@ -78,8 +88,9 @@ def measured(config: pytest.Config) -> list[ServeProfile]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    def lengths(p: ServeProfile) -> tuple[int, int]:
-        return WORKLOADS[p.device].input_len, WORKLOADS[p.device].output_len
+    def lengths(p: ServeProfile) -> tuple[int, int]:  # the longest request (an output spread's top)
+        wl = WORKLOADS[p.device]
+        return wl.input_len, math.ceil(wl.output_len * (1.0 + wl.output_spread))
 
     profiles = measured(metafunc.config)
     name = metafunc.function.__name__
@@ -112,11 +123,17 @@ def measure_and_record(
     wl = WORKLOADS[served.profile.device]
     count, tails = window_size(served, shape, settings.quick)
     warm = warm_count(shape, count, wl.warmup)
-    if endpoint is Endpoint.CHAT:
-        requests = served.prompt_set(PROMPTS, count + warm, wl.output_len, seed=served.fresh_seed())
+    seed = served.fresh_seed()
+    spread = wl.spread(shape, endpoint)
+    if endpoint is Endpoint.CHAT:  # distinct: a cycled prompt would be answered from the prefix cache
+        requests = served.prompt_set(PROMPTS, count + warm, wl.output_len, seed=seed, distinct=True)
+        workload = f"{PROMPTS.name}, distinct"
     else:  # prompts no earlier window sent: the prefix cache would shorten their prefills
-        requests = served.random_requests(count + warm, wl.input_len, wl.output_len, seed=served.fresh_seed())
-    result = served.measure(requests[warm:], shape, warm=requests[:warm], slo=wl.slo, endpoint=endpoint)
+        requests = served.random_requests(count + warm, wl.input_len, wl.output_len, seed=seed)
+        workload = f"random, outputs x[{1 - spread:g}, {1 + spread:g}] evenly" if spread else None
+    window = spread_outputs(requests[warm:], spread, seed=seed)
+    result = served.measure(window, shape, warm=spread_outputs(requests[:warm], spread, seed=seed), slo=wl.slo,
+                            endpoint=endpoint)
     perf.context(
         profile=served.profile.name,
         model=served.profile.model,
@@ -126,6 +143,7 @@ def measure_and_record(
         input_len=wl.input_len if endpoint is Endpoint.COMPLETIONS else None,
         output_len=wl.output_len,
         requests=count,
+        workload=workload,  # part of the metrics' identity: a baseline of another workload is not compared
         server_pids=",".join(map(str, served.server_pids)) or None,
     )
     # the engine's TPOT tells a window whose answers arrived in bursts from a fast one: seen in a clean-clone CI

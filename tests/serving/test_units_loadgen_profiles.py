@@ -12,7 +12,7 @@ import pytest
 from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator, OpenLoop, Request, arrival_offsets
 from pytest_moeperf.serving.ports import free_port
 from pytest_moeperf.serving.profiles import ProfileError, launch_blocker, load_profiles
-from pytest_moeperf.serving.prompts import prompt_set_requests, random_token_requests
+from pytest_moeperf.serving.prompts import prompt_set_requests, random_token_requests, spread_outputs
 
 REPO = Path(__file__).parents[2]
 
@@ -60,6 +60,29 @@ def test_bundled_prompt_set_cycles_deterministically() -> None:
     reqs = prompt_set_requests(path, n + 3, 32, seed=0)
     assert len({r.prompt for r in reqs}) == n and reqs[n].prompt == reqs[0].prompt
     assert reqs == prompt_set_requests(path, n + 3, 32, seed=0)
+
+
+def test_distinct_prompts_share_no_prefix_and_keep_the_drawn_text() -> None:
+    path = REPO / "suites" / "specdecode" / "prompts" / "repetitive.json"
+    plain = prompt_set_requests(path, 45, 8, seed=7)
+    distinct = prompt_set_requests(path, 45, 8, seed=7, distinct=True)
+    assert len({r.prompt for r in plain}) == 20  # cycled: the prefix cache would answer 25 of them
+    assert len({str(r.prompt)[:6] for r in distinct}) == 45  # every request opens differently
+    assert all(str(d.prompt).endswith(str(p.prompt)) for d, p in zip(distinct, plain, strict=True))
+    other_window = prompt_set_requests(path, 45, 8, seed=8, distinct=True)
+    assert not {r.prompt for r in distinct} & {r.prompt for r in other_window}
+
+
+def test_output_spread_keeps_the_mean_and_the_lengths_and_draws_only_their_order() -> None:
+    requests = random_token_requests(200, 4, 256, token_range=(16, 100), seed=1)
+    a, b = spread_outputs(requests, 0.25, seed=1), spread_outputs(requests, 0.25, seed=2)
+    lengths = [r.max_tokens for r in a]
+    assert min(lengths) == 192 and max(lengths) == 320 and statistics.mean(lengths) == pytest.approx(256, abs=0.5)
+    assert sorted(lengths) == sorted(r.max_tokens for r in b) and lengths != [r.max_tokens for r in b]
+    assert [r.prompt for r in a] == [r.prompt for r in requests]
+    assert spread_outputs(requests, 0.0) == requests
+    with pytest.raises(ValueError, match="output spread"):
+        spread_outputs(requests, 1.0)
 
 
 def test_repo_profiles_load_and_gpu_profiles_skip_here() -> None:
