@@ -16,7 +16,7 @@ import random
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pytest_moeperf.ab import adaptive, calibration, paired, report
@@ -54,6 +54,11 @@ REFUSED = {
 }
 #: pytest arguments that name a server, which --serve names for each side
 SERVED = ("--moeperf-server-url", "--moeperf-server-pid")
+#: why --serve's verdicts cover two server starts, not the sides in general (lent 1x H200s, vLLM 0.26: two
+#: consecutive starts of one profile served c=1 at engine TPOT 2.03 and 2.32 ms on one host, 3.4 % apart on another)
+ONE_START_NOTE = ("moeperf ab: one server a side for the whole run: a difference between the two server starts "
+                  "(up to 14 % seen on 1x H200) reads as the sides' difference; --serve-fresh starts both afresh "
+                  "before every pair")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start PROFILE's vLLM server once per side (moeperf serve, under the side's "
                              "interpreter, environment and checkout) and attach every child of the side to it, "
                              "instead of a server start in every child; both run at once")
+    parser.add_argument("--serve-fresh", action="store_true",
+                        help="with --serve: start both servers afresh before every pair, so that each pair stands "
+                             "for its own two server starts (a difference between two starts is then noise between "
+                             "pairs, not an offset read as the sides' difference); costs a server start a pair")
     parser.add_argument("--aa", action="store_true",
                         help="A/A calibration: run the base side twice; reports the false-alarm rate and each "
                              "metric's noise, and names metrics noisier than their minimum effect")
@@ -118,6 +127,8 @@ def problems(args: argparse.Namespace, pytest_args: Sequence[str]) -> list[str]:
         out.append(f"--max-pairs {args.max_pairs}: the signed-rank test needs at least {needed} pairs to decide "
                    f"at --alpha {args.alpha:g} over {len(adaptive.looks(args.pairs, args.max_pairs))} look(s) "
                    f"({level:.3g} a look)")
+    if args.serve_fresh and not args.serve:
+        out.append("--serve-fresh restarts the servers of --serve: name a profile with --serve PROFILE")
     if args.aa:
         given = [f"--head-{what}" for what in ("python", "env", "ref") if getattr(args, f"head_{what}")]
         if given:
@@ -176,12 +187,14 @@ def main_ab(argv: Sequence[str]) -> int:
             baselines = Path(tmp) / "baselines"
             baselines.mkdir()
             with contextlib.ExitStack() as stack:
-                side_args = {}
+                side_args: dict[str, list[str]] = {}
+                fresh: Callable[[], dict[str, list[str]]] | None = None
                 if args.serve:
                     servers = stack.enter_context(Servers(args.serve, {BASE: base, HEAD: head}, Path(tmp), _say))
-                    side_args = {name: servers.args(name) for name in (BASE, HEAD)}
+                    side_args = servers.side_args()
+                    fresh = servers.restarted if args.serve_fresh else None
                 runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, Path(tmp), seed, _say,
-                                progress=not args.quiet, side_args=side_args)
+                                progress=not args.quiet, side_args=side_args, before_pair=fresh)
                 try:
                     outcomes, notes = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
                 except KeyboardInterrupt:
@@ -206,6 +219,8 @@ def main_ab(argv: Sequence[str]) -> int:
     if not outcomes:
         _fail("the selected tests recorded no metric (perf.record): nothing to compare")
         return EXIT_USAGE
+    if args.serve and not args.serve_fresh:
+        notes = [*notes, ONE_START_NOTE]
     base = dataclasses.replace(base, facts=facts_of(base, runner.first_document(BASE)))
     head = dataclasses.replace(head, facts=facts_of(head, runner.first_document(HEAD)))
     done = conclude(args, runner, outcomes, notes, base, head, seed, started, stopped)

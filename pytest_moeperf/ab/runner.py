@@ -79,10 +79,12 @@ class Runner:
 
     def __init__(self, sides: Mapping[str, Side], args: Sequence[str], baselines: Path, scratch: Path, seed: int,
                  echo: Callable[[str], None], progress: bool = True,
-                 side_args: Mapping[str, Sequence[str]] | None = None) -> None:
+                 side_args: Mapping[str, Sequence[str]] | None = None,
+                 before_pair: Callable[[], Mapping[str, Sequence[str]]] | None = None) -> None:
         self.sides = sides
         self.args = [*args, "--moeperf-history", "off", "--moeperf-baselines", str(baselines)]
         self.side_args = side_args or {}  # each side's own pytest arguments (its server: `ab.servers`)
+        self.before_pair = before_pair  # run before every pair; returns the sides' arguments from then on
         self.scratch = scratch
         self.rng = random.Random(seed)
         self.echo = echo
@@ -99,6 +101,8 @@ class Runner:
         which = f", {len(only)} test(s)" if only else ""
         self.echo(f"moeperf ab: block {self.blocks} ({' '.join(s for order in orders for s in order)}{which})")
         for order in orders:
+            if self.before_pair is not None:
+                self.side_args = self.before_pair()
             self.pairs += 1
             for side in order:
                 self._run(side, only)
@@ -114,11 +118,13 @@ class Runner:
         done = run_child([*self.args, *self.side_args.get(name, ())], side.cwd, side.environ(extra), side.python,
                          echo=self.echo if self.progress else None)
         seconds = time.monotonic() - started
-        self.echo(f"  {label} ({seconds:.1f} s): {done.last_line}")
         if done.returncode not in MEASURED or done.ledger is None:
+            self.echo(f"  {label} ({seconds:.1f} s): {done.last_line}")
             raise SideFailed(label, done)
+        # kept before it is announced: a Ctrl-C right after the line must not lose the process it names
         self.processes.append(Process(name, self.counts[name], self.pairs, self.blocks,
                                       relabel(done.ledger, label), done.document, tuple(done.failures), seconds))
+        self.echo(f"  {label} ({seconds:.1f} s): {done.last_line}")
 
     def keep_complete_pairs(self) -> int:
         """After an interruption: drop the processes of a pair whose other side never finished; the pairs left."""

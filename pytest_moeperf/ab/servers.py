@@ -9,6 +9,11 @@ once, so the profile must leave room for two (the tiny GPU profiles take 0.2 of 
 told both servers' processes (``--moeperf-server-pid``), so the health gate counts neither as foreign load: the
 other side's idle server is part of the experiment, not a disturbance.
 
+One start a side makes each side's verdicts cover that start: two starts of one profile differ (1x H200, vLLM
+0.26: engine TPOT at c=1 2.03 and 2.32 ms in two consecutive starts), and that difference reads as the sides'.
+``--serve-fresh`` (`Servers.restarted`) stops and starts both before every pair, so each pair has its own two
+starts and the difference between starts becomes noise between pairs, at a server start a pair.
+
 The servers are stopped at the end, also on Ctrl-C or a failed side: SIGINT to ``moeperf serve``, which stops its
 vLLM server, then whatever of its session is left gets SIGTERM and SIGKILL.
 """
@@ -62,6 +67,8 @@ class Servers:
         self.echo = echo
         self.timeout_s = timeout_s
         self.servers: dict[str, SideServer] = {}
+        self.starts = 0  # how many times both were started (``--serve-fresh``: once a pair)
+        self.used = False  # a pair ran on the servers now up
 
     def __enter__(self) -> Servers:
         try:
@@ -77,10 +84,13 @@ class Servers:
 
     def start(self) -> None:
         started = time.monotonic()
+        self.starts += 1
+        self.used = False
+        n = f"-{self.starts}" if self.starts > 1 else ""
         for name, side in self.sides.items():
-            url_file, log = self.scratch / f"serve-{name}.url", self.scratch / f"serve-{name}.log"
+            url_file, log = self.scratch / f"serve-{name}{n}.url", self.scratch / f"serve-{name}{n}.log"
             argv = [side.python, "-m", "pytest_moeperf.cli", "serve", self.profile, "--url-file", str(url_file),
-                    "--timeout", f"{self.timeout_s:g}", "--log-dir", str(self.scratch / f"server-logs-{name}")]
+                    "--timeout", f"{self.timeout_s:g}", "--log-dir", str(self.scratch / f"server-logs-{name}{n}")]
             self.servers[name] = SideServer(name, start_in_session(argv, log=log, env=side.environ(), cwd=side.cwd),
                                             url_file, log)
             self.echo(f"moeperf ab: starting {name}'s server ({self.profile}), log {log}")
@@ -104,6 +114,19 @@ class Servers:
         """The pytest arguments of ``side``'s children: its server's URL, and both servers' processes."""
         pids = [a for s in self.servers.values() for a in ("--moeperf-server-pid", str(s.proc.pid))]
         return ["--moeperf-server-url", self.servers[side].url, *pids]
+
+    def side_args(self) -> dict[str, list[str]]:
+        return {name: self.args(name) for name in self.sides}
+
+    def restarted(self) -> dict[str, list[str]]:
+        """Both servers stopped and started afresh (``--serve-fresh``, before a pair), unless no pair has used them
+        yet; the sides' arguments."""
+        if self.used:
+            self.stop()
+            self.servers = {}
+            self.start()
+        self.used = True
+        return self.side_args()
 
     def stop(self) -> None:
         procs = [s.proc for s in self.servers.values()]

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -34,6 +35,7 @@ def test_each_side_attaches_to_its_own_server_started_once(tmp_path: Path) -> No
     urls = re.findall(r"(base|head)'s server at (http://127\.0\.0\.1:\d+)", out)
     assert [side for side, _ in urls] == ["base", "head"] and urls[0][1] != urls[1][1], out
     assert out.count("starting base's server") == 1 and out.count("starting head's server") == 1
+    assert "one server a side for the whole run" in out  # what a single start a side cannot tell apart
     doc = json.loads(report.read_text())
     processes = doc["moeperf"]["ab"]["processes"]
     assert len(processes) == 12 and not any(p["failures"] for p in processes)
@@ -45,5 +47,39 @@ def test_each_side_attaches_to_its_own_server_started_once(tmp_path: Path) -> No
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert left.returncode == 1, left.stdout  # both moeperf serve processes are gone
     for _, url in urls:  # and so are their vLLM servers: nothing answers on their ports
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=5)  # noqa: S310 (loopback)
+
+
+def test_serve_fresh_starts_both_servers_afresh_for_every_pair(tmp_path: Path) -> None:
+    """``--serve-fresh``: the second pair runs on two new servers (new ports), the first reuses the initial start;
+    interrupted after 2 pairs, the run judges and writes them, and leaves nothing running."""
+    report = tmp_path / "ab.json"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_moeperf.cli", "ab", "--serve", "cpu-tiny-nospec", "--serve-fresh", "--aa",
+         "--pairs", "6", "--max-pairs", "6", "--seed", "5", "-q", "--report", str(report), "--",
+         "suites/serving", "-k", "closed_loop and tiny-moe-c1]", "--moeperf-quick", "-p", "no:cacheprovider"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if len(re.findall(r"^  (?:base|head) \d+ \(", "".join(lines), re.M)) == 4:  # two pairs measured
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out
+    urls = re.findall(r"(base|head)'s server at (http://127\.0\.0\.1:\d+)", out)
+    assert [side for side, _ in urls] == ["base", "head", "base", "head"], out
+    assert len({url for _, url in urls}) == 4  # four servers: two a pair
+    assert out.count("starting base's server") == 2 and out.count("starting head's server") == 2
+    assert "one server a side for the whole run" not in out  # the note of a single start is not given
+    doc = json.loads(report.read_text())
+    assert doc["moeperf"]["ab"]["interrupted"] is True and len(doc["moeperf"]["ab"]["processes"]) == 4
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert left.returncode == 1, left.stdout
+    for _, url in urls:
         with pytest.raises(OSError):
             urllib.request.urlopen(url + "/health", timeout=5)  # noqa: S310 (loopback)
