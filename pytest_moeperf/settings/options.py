@@ -118,6 +118,12 @@ OPTIONS: tuple[Option, ...] = (
            "replays (0: 3 replays). 200 settles the SM clock before timing: on 1x H200 it took the spread of "
            "compute-bound bf16 GEMMs between processes from p90 11 % to 2.8 %, and reads them up to 16 % slower "
            "(the steady clock); baselines recorded without it do not compare", "MS", parse_milliseconds, 0.0),
+    Option("window-requests", "window_requests", "requests in each serving and spec-decode window instead of the "
+           "profile's requests (or the suite's count for its device); a window still grows to what its gated "
+           "percentiles need (p90: 29, p99: 299) and --moeperf-quick halves it; its metrics name the size in their "
+           "workload, so baselines of the default size are not compared. For attached servers "
+           "(--moeperf-server-url, moeperf ab --serve), which have no profile of their own", "N", parse_positive,
+           None),
     Option("deadline", "deadline_s", "wall-clock seconds from the session's start after which the remaining perf "
            "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines",
            "SECONDS", parse_seconds, None),
@@ -205,6 +211,7 @@ class Settings:
     round_of: str | None = None  # "i/N" in a --moeperf-rounds child
     server_pids: tuple[int, ...] = ()
     gpu_warmup_ms: float = 0.0
+    window_requests: int | None = None  # None: the profile's, else the suite's per-device count
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in

@@ -71,13 +71,14 @@ WORKLOADS = {
 }
 
 
-def window_size(served: Served, shape: LoadShape, quick: bool) -> tuple[int, tuple[float, ...]]:
-    """Requests in the window and the percentiles it gates: the profile's (or the workload's) count, raised to what
-    the percentiles need; ``--moeperf-quick`` halves the count and does not raise it (its tails are not gated)."""
+def window_size(served: Served, shape: LoadShape, settings: Settings) -> tuple[int, tuple[float, ...]]:
+    """Requests in the window and the percentiles it gates: ``--moeperf-window-requests``, else the profile's (or
+    the workload's) count, raised to what the percentiles need; ``--moeperf-quick`` halves the count and does not
+    raise it (its tails are not gated)."""
     wl = WORKLOADS[served.profile.device]
-    full = served.profile.requests or wl.requests
+    full = settings.window_requests or served.profile.requests or wl.requests
     tails = wl.tails(shape)
-    if quick:
+    if settings.quick:
         return max(8, full // 2), tails
     return max(full, *(requests_needed(p) for p in tails)), tails
 
@@ -121,7 +122,7 @@ def measure_and_record(
     served: Served, perf: PerfRecorder, shape: LoadShape, settings: Settings, endpoint: Endpoint
 ) -> None:
     wl = WORKLOADS[served.profile.device]
-    count, tails = window_size(served, shape, settings.quick)
+    count, tails = window_size(served, shape, settings)
     warm = warm_count(shape, count, wl.warmup)
     seed = served.fresh_seed()
     spread = wl.spread(shape, endpoint)
@@ -131,6 +132,8 @@ def measure_and_record(
     else:  # prompts no earlier window sent: the prefix cache would shorten their prefills
         requests = served.random_requests(count + warm, wl.input_len, wl.output_len, seed=seed)
         workload = f"random, outputs x[{1 - spread:g}, {1 + spread:g}] evenly" if spread else None
+    if settings.window_requests:  # a window of another size is another workload (its ramp and drain weigh otherwise)
+        workload = ", ".join(filter(None, (workload, f"{settings.window_requests} requests a window")))
     window = spread_outputs(requests[warm:], spread, seed=seed)
     result = served.measure(window, shape, warm=spread_outputs(requests[:warm], spread, seed=seed), slo=wl.slo,
                             endpoint=endpoint)

@@ -95,12 +95,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
-def decode_window(served: Served, concurrency: int, quick: bool) -> SpecWindow:
+def decode_window(served: Served, concurrency: int, settings: Settings) -> SpecWindow:
     """A window sized to bound its p90s (``--moeperf-quick``: half the count, tails not gated), after a warm pass
     of its shape (`warm.warm_count`)."""
     wl = WORKLOADS[served.profile.device]
-    full = served.profile.requests or wl.requests
-    count = max(8, full // 2) if quick else max(full, *(requests_needed(p) for p in TAILS))
+    full = settings.window_requests or served.profile.requests or wl.requests
+    count = max(8, full // 2) if settings.quick else max(full, *(requests_needed(p) for p in TAILS))
     shape = ClosedLoop(concurrency)
     warm = warm_count(shape, count, wl.warmup)
     requests = served.prompt_set(PROMPTS, count + warm, wl.output_len, seed=0)
@@ -118,7 +118,7 @@ def tpot_ms(window: SpecWindow) -> float:
     return percentile(latency_samples(window.window.outcomes)["tpot"], 50.0)
 
 
-def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int) -> None:
+def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int, window_requests: int | None = None) -> None:
     spec = profile.speculative or {}
     perf.context(
         profile=profile.name,
@@ -127,7 +127,8 @@ def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int) -> Non
         draft=str(spec.get("model", "")) or None,
         num_speculative_tokens=int(spec["num_speculative_tokens"]) if "num_speculative_tokens" in spec else None,
         concurrency=concurrency,
-        workload=PROMPTS.name,
+        # a window of another size is another workload (its ramp and drain weigh otherwise): not compared
+        workload=PROMPTS.name + (f", {window_requests} requests a window" if window_requests else ""),
     )
 
 
@@ -144,8 +145,8 @@ def test_decode(
     moeperf_settings: Settings,
 ) -> None:
     """TPOT, ITL, TTFT and output throughput of the profile; acceptance figures when it speculates."""
-    result = decode_window(served, concurrency, moeperf_settings.quick)
-    describe(perf, served.profile, concurrency)
+    result = decode_window(served, concurrency, moeperf_settings)
+    describe(perf, served.profile, concurrency, moeperf_settings.window_requests)
     tol = served.profile.tolerances
     check_failures(result.window.metrics)
     record_window_facts(perf, result, tol)  # the warm pass's cost and the drift check, before anything is recorded

@@ -84,7 +84,8 @@ def test_attach_mode_measures_a_server_the_suite_did_not_start(
     url = hand_started_server.base_url
     chats_before = _chat_requests(url)
     report = pytester.path / "report.json"
-    result = run_moeperf("suites", "--moeperf-server-url", url, "--moeperf-quick", f"--moeperf-report={report}", "-rs")
+    result = run_moeperf("suites", "--moeperf-server-url", url, "--moeperf-quick", f"--moeperf-report={report}", "-rs",
+                         "--moeperf-window-requests", "20")  # an attached server has no profile to size windows
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()[-3000:]
     passed = outcomes.get("passed", 0)
@@ -100,6 +101,8 @@ def test_attach_mode_measures_a_server_the_suite_did_not_start(
     assert {"engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms", "engine_queue_ms"} <= set(c1)
     context = c1["ttft_ms"]
     assert context["warm_requests"] == 2 and context["warm_s"] > 0 and "drift" in context
+    assert context["requests"] == 10  # --moeperf-window-requests 20, halved by --moeperf-quick
+    assert context["workload"] == "20 requests a window"  # not compared with baselines of the default size
     assert context["engine_requests"] == context["requests"]  # the server counted exactly the window's requests
     # --moeperf-quick windows are too small to bound a p90: recorded, INCONCLUSIVE with the reason, never gated
     assert c1["ttft_p90_ms"]["verdict"] == "INCONCLUSIVE" and "cannot bound the p90" in c1["ttft_p90_ms"]["reason"]

@@ -58,7 +58,8 @@ def test_a_workload_longer_than_max_model_len_is_an_error_naming_both(pytester: 
     _user_profile(mine, "short-context", max_model_len=1024)  # the first H200 run: 1024 + 256 sent to 1024
     result = run_moeperf("suites/serving", "--collect-only", "-q", "--moeperf-profiles", str(mine))
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*1024 input + 256 output = 1280 tokens exceed profile 'short-context'*"
+    # the longest request: 256 output tokens spread up to +25 % in the GPU closed loops
+    result.stdout.fnmatch_lines(["*1024 input + 320 output = 1344 tokens exceed profile 'short-context'*"
                                  "max_model_len 1024*"])  # fmt: skip
 
 
