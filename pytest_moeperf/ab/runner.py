@@ -84,7 +84,7 @@ class Runner:
         self.sides = sides
         self.args = [*args, "--moeperf-history", "off", "--moeperf-baselines", str(baselines)]
         self.side_args = side_args or {}  # each side's own pytest arguments (its server: `ab.servers`)
-        self.before_pair = before_pair  # run before every pair; returns the sides' arguments from then on
+        self.before_pair = before_pair  # run before every pair after the first; returns the sides' new arguments
         self.scratch = scratch
         self.rng = random.Random(seed)
         self.echo = echo
@@ -101,7 +101,7 @@ class Runner:
         which = f", {len(only)} test(s)" if only else ""
         self.echo(f"moeperf ab: block {self.blocks} ({' '.join(s for order in orders for s in order)}{which})")
         for order in orders:
-            if self.before_pair is not None:
+            if self.before_pair is not None and self.pairs:
                 self.side_args = self.before_pair()
             self.pairs += 1
             for side in order:
@@ -118,13 +118,14 @@ class Runner:
         done = run_child([*self.args, *self.side_args.get(name, ())], side.cwd, side.environ(extra), side.python,
                          echo=self.echo if self.progress else None)
         seconds = time.monotonic() - started
+        line = f"  {label} ({seconds:.1f} s): {done.last_line}"
         if done.returncode not in MEASURED or done.ledger is None:
-            self.echo(f"  {label} ({seconds:.1f} s): {done.last_line}")
+            self.echo(line)
             raise SideFailed(label, done)
         # kept before it is announced: a Ctrl-C right after the line must not lose the process it names
         self.processes.append(Process(name, self.counts[name], self.pairs, self.blocks,
                                       relabel(done.ledger, label), done.document, tuple(done.failures), seconds))
-        self.echo(f"  {label} ({seconds:.1f} s): {done.last_line}")
+        self.echo(line)
 
     def keep_complete_pairs(self) -> int:
         """After an interruption: drop the processes of a pair whose other side never finished; the pairs left."""

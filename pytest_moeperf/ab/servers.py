@@ -68,7 +68,6 @@ class Servers:
         self.timeout_s = timeout_s
         self.servers: dict[str, SideServer] = {}
         self.starts = 0  # how many times both were started (``--serve-fresh``: once a pair)
-        self.used = False  # a pair ran on the servers now up
 
     def __enter__(self) -> Servers:
         try:
@@ -85,7 +84,6 @@ class Servers:
     def start(self) -> None:
         started = time.monotonic()
         self.starts += 1
-        self.used = False
         n = f"-{self.starts}" if self.starts > 1 else ""
         for name, side in self.sides.items():
             url_file, log = self.scratch / f"serve-{name}{n}.url", self.scratch / f"serve-{name}{n}.log"
@@ -119,13 +117,11 @@ class Servers:
         return {name: self.args(name) for name in self.sides}
 
     def restarted(self) -> dict[str, list[str]]:
-        """Both servers stopped and started afresh (``--serve-fresh``, before a pair), unless no pair has used them
-        yet; the sides' arguments."""
-        if self.used:
-            self.stop()
-            self.servers = {}
-            self.start()
-        self.used = True
+        """Both servers stopped and started afresh (``--serve-fresh``, before every pair after the first); the sides'
+        arguments."""
+        self.stop()
+        self.servers = {}
+        self.start()
         return self.side_args()
 
     def stop(self) -> None:

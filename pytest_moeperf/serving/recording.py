@@ -44,6 +44,7 @@ __all__ = [
     "record_serving",
     "record_window",
     "record_window_facts",
+    "sized_workload",
 ]
 
 
@@ -83,6 +84,15 @@ class PerfRecorder(Protocol):
 
 class FailedRequests(AssertionError):
     pass
+
+
+def sized_workload(workload: str | None, window_requests: int | None) -> str | None:
+    """The ``workload`` context of a window sized by ``--moeperf-window-requests``: another size is another
+    workload (its ramp and drain weigh otherwise), so baselines of the default size are not compared with it."""
+    if not window_requests:
+        return workload
+    size = f"{window_requests} requests a window"
+    return f"{workload}, {size}" if workload else size
 
 
 def record_startup(perf: PerfRecorder, served: Served) -> None:

@@ -28,7 +28,7 @@ from pytest_moeperf.ledger import JSONScalar
 from pytest_moeperf.serving.metrics import percentile
 
 __all__ = ["TAIL_CONFIDENCE", "TAIL_METRICS", "TailBound", "judge_tail", "requests_needed", "tail_bound",
-           "tail_names"]
+           "tail_names", "window_count"]
 
 #: each bound of a tail percentile holds with this probability on its own
 TAIL_CONFIDENCE = 0.95
@@ -41,6 +41,12 @@ LOW, HIGH, CONFIDENCE, NEEDED = "tail_ci_low", "tail_ci_high", "tail_confidence"
 def requests_needed(pct: float, confidence: float = TAIL_CONFIDENCE) -> int:
     """Requests a window needs before its largest observation bounds the ``pct``-th percentile from above."""
     return stats.quantile_sample_size(pct / 100.0, confidence)
+
+
+def window_count(requested: int, pcts: Sequence[float], quick: bool) -> int:
+    """Requests in a window asked for ``requested``: raised to what its gated percentiles ``pcts`` need;
+    ``--moeperf-quick`` halves it (at least 8) and raises nothing (its tails are not gated)."""
+    return max(8, requested // 2) if quick else max(requested, *(requests_needed(p) for p in pcts))
 
 
 def tail_names(pcts: Sequence[float], metrics: Sequence[str] = TAIL_METRICS) -> tuple[str, ...]:

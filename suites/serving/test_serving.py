@@ -27,9 +27,9 @@ from pytest_moeperf.serving.metrics import Slo
 from pytest_moeperf.serving.plugin import profile_params, profiles_for
 from pytest_moeperf.serving.profiles import ServeProfile
 from pytest_moeperf.serving.prompts import spread_outputs
-from pytest_moeperf.serving.recording import PerfRecorder, record_startup, record_window
+from pytest_moeperf.serving.recording import PerfRecorder, record_startup, record_window, sized_workload
 from pytest_moeperf.serving.served import Served
-from pytest_moeperf.serving.tails import requests_needed
+from pytest_moeperf.serving.tails import window_count
 from pytest_moeperf.serving.warm import warm_count
 from pytest_moeperf.settings import Settings
 
@@ -76,11 +76,9 @@ def window_size(served: Served, shape: LoadShape, settings: Settings) -> tuple[i
     the workload's) count, raised to what the percentiles need; ``--moeperf-quick`` halves the count and does not
     raise it (its tails are not gated)."""
     wl = WORKLOADS[served.profile.device]
-    full = settings.window_requests or served.profile.requests or wl.requests
     tails = wl.tails(shape)
-    if settings.quick:
-        return max(8, full // 2), tails
-    return max(full, *(requests_needed(p) for p in tails)), tails
+    requested = settings.window_requests or served.profile.requests or wl.requests
+    return window_count(requested, tails, settings.quick), tails
 
 
 def measured(config: pytest.Config) -> list[ServeProfile]:
@@ -132,8 +130,6 @@ def measure_and_record(
     else:  # prompts no earlier window sent: the prefix cache would shorten their prefills
         requests = served.random_requests(count + warm, wl.input_len, wl.output_len, seed=seed)
         workload = f"random, outputs x[{1 - spread:g}, {1 + spread:g}] evenly" if spread else None
-    if settings.window_requests:  # a window of another size is another workload (its ramp and drain weigh otherwise)
-        workload = ", ".join(filter(None, (workload, f"{settings.window_requests} requests a window")))
     window = spread_outputs(requests[warm:], spread, seed=seed)
     result = served.measure(window, shape, warm=spread_outputs(requests[:warm], spread, seed=seed), slo=wl.slo,
                             endpoint=endpoint)
@@ -146,7 +142,8 @@ def measure_and_record(
         input_len=wl.input_len if endpoint is Endpoint.COMPLETIONS else None,
         output_len=wl.output_len,
         requests=count,
-        workload=workload,  # part of the metrics' identity: a baseline of another workload is not compared
+        # part of the metrics' identity: a baseline of another workload is not compared
+        workload=sized_workload(workload, settings.window_requests),
         server_pids=",".join(map(str, served.server_pids)) or None,
     )
     # the engine's TPOT tells a window whose answers arrived in bursts from a fast one: seen in a clean-clone CI

@@ -32,10 +32,11 @@ from pytest_moeperf.serving.recording import (
     record_latencies,
     record_startup,
     record_window_facts,
+    sized_workload,
 )
 from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.speedup import PairResult, measure_pair
-from pytest_moeperf.serving.tails import requests_needed
+from pytest_moeperf.serving.tails import window_count
 from pytest_moeperf.serving.warm import warm_count
 from pytest_moeperf.settings import Settings
 
@@ -99,8 +100,7 @@ def decode_window(served: Served, concurrency: int, settings: Settings) -> SpecW
     """A window sized to bound its p90s (``--moeperf-quick``: half the count, tails not gated), after a warm pass
     of its shape (`warm.warm_count`)."""
     wl = WORKLOADS[served.profile.device]
-    full = settings.window_requests or served.profile.requests or wl.requests
-    count = max(8, full // 2) if settings.quick else max(full, *(requests_needed(p) for p in TAILS))
+    count = window_count(settings.window_requests or served.profile.requests or wl.requests, TAILS, settings.quick)
     shape = ClosedLoop(concurrency)
     warm = warm_count(shape, count, wl.warmup)
     requests = served.prompt_set(PROMPTS, count + warm, wl.output_len, seed=0)
@@ -127,8 +127,7 @@ def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int, window
         draft=str(spec.get("model", "")) or None,
         num_speculative_tokens=int(spec["num_speculative_tokens"]) if "num_speculative_tokens" in spec else None,
         concurrency=concurrency,
-        # a window of another size is another workload (its ramp and drain weigh otherwise): not compared
-        workload=PROMPTS.name + (f", {window_requests} requests a window" if window_requests else ""),
+        workload=sized_workload(PROMPTS.name, window_requests),
     )
 
 
