@@ -1,17 +1,27 @@
 """Drift within a measured window: did the server change while it was being measured?
 
-The window's successful requests, ordered by send time, are split into quarters; the first and the last quarter
-are compared on their median TTFT and TPOT. A closed loop's first ``concurrency`` requests (sent together into an
-idle server: the ramp) and its last ``concurrency`` (answered while the batch drains) are left out first, since a
-steady server differs there by construction. A quarter must hold at least `MIN_QUARTER` requests.
+The window's successful requests, ordered by send time, are compared early against late on their median TTFT and
+TPOT. A closed loop's first ``concurrency`` requests (sent together into an idle server: the ramp) and its last
+``concurrency`` (answered while the batch drains) are left out first, since a steady server differs there by
+construction.
 
-A latency *drifted* when a two-sided Mann-Whitney rank test of the two quarters gives p < `DRIFT_ALPHA` (exact
-for small quarters, the normal approximation with tie correction beyond `EXACT_MAX_PAIRS` pairs) *and* the
-medians differ by more than the minimum effect (the profile's tolerance of that latency, else
-`DEFAULT_MIN_EFFECT`): the window's own spread says the change is real, and it is large enough to matter. Seen on
-1x H200 (vLLM 0.26): the first window at a new concurrency met Triton's just-in-time compiles of new batch shapes
-(TTFT 745 ms cold, 35 ms warm); the warm pass (`pytest_moeperf.serving.warm`) is meant to prevent that, this check
-tells when it did not.
+**The unit of observation is a block, not a request.** The C requests a closed loop has in flight share the
+server's batch: whatever that batch meets (a scheduler hiccup, a prefill beside it, a preemption) moves all of
+them together, so C consecutive requests are one observation, not C. Seen on 1x H200 (tiny MoE, c=16, 100-request
+windows): a per-request test read "drift" in 7 of 12 windows, three at the smallest p an exact test of 17 against 17
+requests can give (every late request slower than every early one, or faster: ×0.72, ×1.47, ×1.59), the others
+×0.89 to ×1.11, in both directions: as whole batches moving would, not as a warming or tiring server would. So
+the steady requests are cut into blocks of C consecutive ones (an open loop: as many as it has in flight on average, by
+Little's law; 1 when they do not overlap), each block's median is one observation, and the first and the last
+quarter of the blocks are compared, widened to `MIN_QUARTER` blocks each when a quarter holds fewer (halves at 10
+blocks); a window with fewer than ``2 * MIN_QUARTER`` blocks is not checked, and says so.
+
+A latency *drifted* when a two-sided Mann-Whitney rank test of the two parts gives p < `DRIFT_ALPHA` (exact for
+small parts, the normal approximation with tie correction beyond `EXACT_MAX_PAIRS` pairs) *and* the medians differ
+by more than the minimum effect (the profile's tolerance of that latency, else `DEFAULT_MIN_EFFECT`): the window's
+own spread says the change is real, and it is large enough to matter. Seen on 1x H200 (vLLM 0.26): the first window
+at a new concurrency met Triton's just-in-time compiles of new batch shapes (TTFT 745 ms cold, 35 ms warm); the
+warm pass (`pytest_moeperf.serving.warm`) is meant to prevent that, this check tells when it did not.
 """
 
 from __future__ import annotations
@@ -25,11 +35,12 @@ from pytest_moeperf.judging import stats
 from pytest_moeperf.ledger import JSONScalar
 from pytest_moeperf.serving.metrics import RequestOutcome, latency_samples
 
-__all__ = ["DEFAULT_MIN_EFFECT", "DRIFT_ALPHA", "MIN_QUARTER", "Drift", "DriftCheck", "check_drift", "rank_test"]
+__all__ = ["DEFAULT_MIN_EFFECT", "DRIFT_ALPHA", "MIN_QUARTER", "Drift", "DriftCheck", "check_drift", "in_flight",
+           "rank_test"]
 
 DRIFT_ALPHA = 0.01
 DEFAULT_MIN_EFFECT = 0.05
-#: the smallest quarter: an exact two-sided test of 5 against 5 can reach p = 2/252 = 0.008 < `DRIFT_ALPHA`
+#: the smallest part, in blocks: an exact two-sided test of 5 against 5 can reach p = 2/252 = 0.008 < `DRIFT_ALPHA`
 MIN_QUARTER = 5
 EXACT_MAX_PAIRS = 400
 DRIFT_METRICS = ("ttft", "tpot")
@@ -90,9 +101,12 @@ class Drift:
 
 @dataclass(frozen=True)
 class DriftCheck:
-    """The window's drift check: a comparison per latency, or why there is none (``skipped``)."""
+    """The window's drift check: a comparison per latency, or why there is none (``skipped``). ``part`` blocks of
+    ``block`` requests each, early against late, out of ``blocks``."""
 
-    quarter: int
+    part: int
+    block: int = 1
+    blocks: int = 0
     checks: tuple[Drift, ...] = ()
     skipped: str = ""
 
@@ -100,43 +114,66 @@ class DriftCheck:
     def drifted(self) -> tuple[Drift, ...]:
         return tuple(d for d in self.checks if d.drifted)
 
+    def compared(self) -> str:
+        """What was compared, in words: ``first vs last 11 of 46 requests`` or ``… 5 of 16 blocks of 16 requests``."""
+        if self.block == 1:
+            return f"first vs last {self.part} of {self.blocks} requests"
+        return f"first vs last {self.part} of {self.blocks} blocks of {self.block} requests (one observation a block)"
+
     def reason(self) -> str | None:
         """The INCONCLUSIVE reason for the window's client-timed metrics, or None when nothing drifted."""
         moved = self.drifted
         if not moved:
             return None
-        return (f"the window drifted: first vs last quarter ({self.quarter} requests each) "
-                f"{'; '.join(d.describe() for d in moved)}, beyond the rank test's p < {moved[0].alpha:g} and "
-                f"the minimum effect (the server changed while it was measured)")
+        return (f"the window drifted: {self.compared()}: {'; '.join(d.describe() for d in moved)}, beyond the "
+                f"rank test's p < {moved[0].alpha:g} and the minimum effect (the server changed while it was "
+                f"measured)")
 
     def facts(self) -> dict[str, JSONScalar]:
         if self.skipped:
             return {"drift": f"not checked: {self.skipped}"}
-        facts: dict[str, JSONScalar] = {
-            "drift": "drifted" if self.drifted else f"none (first vs last quarter, {self.quarter} requests each)"}
+        facts: dict[str, JSONScalar] = {"drift": "drifted" if self.drifted else f"none ({self.compared()})"}
         for d in self.checks:
             facts[f"drift_{d.metric}_ratio"] = round(d.ratio, 4)
             facts[f"drift_{d.metric}_p"] = float(f"{d.p:.3g}")
         return facts
 
 
+def in_flight(outcomes: Sequence[RequestOutcome]) -> int:
+    """How many requests the window had in flight on average (Little's law: the requests' summed time over the
+    window's span), rounded, at least 1."""
+    ok = [o for o in outcomes if o.success]
+    if not ok:
+        return 1
+    span = max(o.start_s + o.latency_s for o in ok) - min(o.start_s for o in ok)
+    return max(1, round(sum(o.latency_s for o in ok) / span)) if span > 0 else 1
+
+
 def check_drift(outcomes: Sequence[RequestOutcome], *, ramp: int, min_effects: Mapping[str, float | None],
-                alpha: float = DRIFT_ALPHA) -> DriftCheck:
-    """Compare the first and last quarter (by send time) of the steady part of a window: ``ramp`` requests are
-    left out at each end (a closed loop's concurrency; 0 for an open loop)."""
+                block: int = 1, alpha: float = DRIFT_ALPHA) -> DriftCheck:
+    """Compare the early and the late blocks of the steady part of a window: ``ramp`` requests are left out at each
+    end and the rest cut into blocks of ``block`` consecutive requests (both a closed loop's concurrency; for an
+    open loop no ramp and `in_flight` requests a block), each block's median one observation."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
     ok = sorted((o for o in outcomes if o.success), key=lambda o: o.start_s)
     steady = ok[ramp:len(ok) - ramp] if ramp > 0 else ok
-    quarter = len(steady) // 4
-    if quarter < MIN_QUARTER:
-        return DriftCheck(quarter, skipped=f"{len(ok)} requests leave quarters of {quarter} (< {MIN_QUARTER}) "
-                                           f"after {ramp} ramp request(s) at each end")
-    first, last = latency_samples(steady[:quarter]), latency_samples(steady[-quarter:])
+    blocks = [steady[i:i + block] for i in range(0, len(steady) - block + 1, block)]
+    part = max(len(blocks) // 4, MIN_QUARTER)
+    if 2 * part > len(blocks):
+        unit = "requests" if block == 1 else f"blocks of {block} (the requests a closed loop has in flight share " \
+                                             f"their batch: one observation)"
+        return DriftCheck(part, block, len(blocks), skipped=(
+            f"{len(ok)} requests leave {len(blocks)} {unit} after {ramp} ramp request(s) at each end; the check "
+            f"needs {2 * MIN_QUARTER}"))
+    medians = [latency_samples(b) for b in blocks]
     checks = []
     for metric in DRIFT_METRICS:
-        a, b = first[metric], last[metric]
+        a = [stats.median(m[metric]) for m in medians[:part] if m[metric]]
+        b = [stats.median(m[metric]) for m in medians[-part:] if m[metric]]
         if len(a) < MIN_QUARTER or len(b) < MIN_QUARTER:
             continue
         effect = min_effects.get(metric)
         checks.append(Drift(metric, stats.median(a), stats.median(b), rank_test(a, b),
                             DEFAULT_MIN_EFFECT if effect is None else effect, alpha))
-    return DriftCheck(quarter, tuple(checks))
+    return DriftCheck(part, block, len(blocks), tuple(checks))

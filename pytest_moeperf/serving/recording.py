@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from pytest_moeperf.ledger import JSONScalar
 from pytest_moeperf.serving.arbiter import ENGINE_METRICS, EngineFigures
-from pytest_moeperf.serving.drift import check_drift
+from pytest_moeperf.serving.drift import check_drift, in_flight
 from pytest_moeperf.serving.loadgen import ClosedLoop, WindowResult
 from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
 from pytest_moeperf.serving.profiles import Tolerances
@@ -203,7 +203,9 @@ def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances)
     """Context first (it applies to what is recorded after): the warm pass's cost, the drift check's outcome (and,
     when the window drifted, its `CLIENT_TIMED` metrics INCONCLUSIVE), what the server counted in the window."""
     shape = result.window.shape
-    drift = check_drift(result.window.outcomes, ramp=shape.concurrency if isinstance(shape, ClosedLoop) else 0,
+    outcomes = result.window.outcomes
+    closed = shape.concurrency if isinstance(shape, ClosedLoop) else 0
+    drift = check_drift(outcomes, ramp=closed, block=closed or in_flight(outcomes),
                         min_effects={"ttft": tol.ttft, "tpot": tol.latency})
     compiles = result.compiles
     perf.context(**result.warm.context(), **drift.facts(), engine_requests=result.engine.requests,

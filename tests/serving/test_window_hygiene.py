@@ -14,7 +14,7 @@ from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, judge
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
-from pytest_moeperf.serving.drift import DEFAULT_MIN_EFFECT, check_drift, rank_test
+from pytest_moeperf.serving.drift import DEFAULT_MIN_EFFECT, check_drift, in_flight, rank_test
 from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, OpenLoop, Request, WindowResult
 from pytest_moeperf.serving.metrics import RequestOutcome, compute
 from pytest_moeperf.serving.profiles import Tolerances
@@ -61,9 +61,9 @@ def test_a_steady_window_does_not_drift_and_says_what_it_compared() -> None:
     rng = random.Random(1)
     steady = [answer(i * 0.5, ttft=jitter(rng, 0.02), tpot=jitter(rng, 0.006)) for i in range(48)]
     check = check_drift(steady, ramp=1, min_effects={})
-    assert check.quarter == 11 and not check.drifted and check.reason() is None
+    assert check.part == 11 and not check.drifted and check.reason() is None
     facts = check.facts()
-    assert facts["drift"] == "none (first vs last quarter, 11 requests each)"
+    assert facts["drift"] == "none (first vs last 11 of 46 requests)"
     assert set(facts) >= {"drift_ttft_ratio", "drift_ttft_p", "drift_tpot_ratio", "drift_tpot_p"}
 
 
@@ -76,7 +76,7 @@ def test_a_server_that_warmed_up_during_the_window_drifts() -> None:
     (moved,) = check.drifted
     assert moved.metric == "ttft" and moved.ratio < 0.1 and moved.p < 0.01
     reason = str(check.reason())
-    assert "the window drifted" in reason and "TTFT" in reason and "11 requests each" in reason
+    assert "the window drifted" in reason and "TTFT" in reason and "first vs last 11 of 46 requests" in reason
     perf = Perf("t")
     result = SpecWindow(window(cold + warm), None, EngineFigures(ttft_ms=30.0, tpot_ms=6.0), WarmPass(2, 0.5))
     record_window(perf, result, Tolerances(ttft=0.05))
@@ -101,9 +101,48 @@ def test_the_ramp_is_left_out_and_small_windows_are_not_checked() -> None:
     drain = [answer(9.0 + i * 0.01, tpot=0.002) for i in range(8)]
     assert check_drift(ramp_up + middle + drain, ramp=8, min_effects={}).drifted == ()
     assert check_drift(ramp_up + middle + drain, ramp=0, min_effects={}).drifted != ()
-    small = check_drift([answer(i) for i in range(24)], ramp=4, min_effects={})
-    assert small.skipped.startswith("24 requests leave quarters of 4 (< 5)") and small.checks == ()
+    small = check_drift([answer(i) for i in range(17)], ramp=4, min_effects={})
+    assert small.skipped.startswith("17 requests leave 9 requests after 4 ramp request(s) at each end; the check "
+                                    "needs 10") and small.checks == ()
+    # 10 to 19 steady requests: the first and the last 5 (halves at 10), not quarters of fewer than 5
+    assert check_drift([answer(i) for i in range(18)], ramp=4, min_effects={}).part == 5
     assert small.facts() == {"drift": f"not checked: {small.skipped}"}
+
+
+def closed_loop(rng: random.Random, concurrency: int, count: int, batch_factor: list[float]) -> list[RequestOutcome]:
+    """A closed loop's requests in send order, each block of ``concurrency`` sharing its batch's factor."""
+    return [answer(i * 0.01, ttft=jitter(rng, 0.02) * batch_factor[i // concurrency],
+                   tpot=jitter(rng, 0.0025) * batch_factor[i // concurrency]) for i in range(count)]
+
+
+def test_concurrent_requests_that_share_a_batch_are_one_observation() -> None:
+    """As on 1x H200 at c=16 (100-request windows): whole batches moved (TPOT x0.72 to x1.59 first to last quarter,
+    either way, every request of one quarter beyond every request of the other); the server had not changed."""
+    rng = random.Random(4)
+    c = 16
+    factors = [rng.uniform(0.75, 1.3) for _ in range(40)]  # each batch its own luck, no trend
+    flagged = per_request = 0
+    for start in range(0, 20):
+        outcomes = closed_loop(rng, c, 12 * c, factors[start:start + 12])
+        flagged += bool(check_drift(outcomes, ramp=c, block=c, min_effects={}).drifted)
+        per_request += bool(check_drift(outcomes, ramp=c, min_effects={}).drifted)
+    assert flagged == 0 and per_request >= 10  # a request a sample reads such luck as drift, a block a sample not
+    short = check_drift(closed_loop(rng, c, 100, [1.0] * 7), ramp=c, block=c, min_effects={})
+    assert short.skipped.startswith("100 requests leave 4 blocks of 16 (the requests a closed loop has in flight "
+                                    "share their batch: one observation) after 16 ramp request(s) at each end")
+    # a server that changes does drift, block by block: 20 blocks, the first 8 at 1.4x
+    trend = [1.4] * 8 + [1.0] * 12
+    moved = check_drift(closed_loop(rng, c, 22 * c, [1.0] + trend + [1.0]), ramp=c, block=c, min_effects={})
+    assert {d.metric for d in moved.drifted} == {"ttft", "tpot"} and moved.part == 5 and moved.blocks == 20
+    assert "first vs last 5 of 20 blocks of 16 requests (one observation a block)" in str(moved.reason())
+
+
+def test_an_open_loop_blocks_by_what_it_has_in_flight() -> None:
+    assert in_flight([answer(i * 1.0) for i in range(10)]) == 1  # 0.4 s requests a second apart
+    assert in_flight([answer(i * 0.1) for i in range(50)]) == 4  # 0.4 s each, ten a second: ~4 at once (Little)
+    assert in_flight([]) == 1
+    with pytest.raises(ValueError, match="block must be >= 1"):
+        check_drift([], ramp=0, block=0, min_effects={})
 
 
 def test_the_rank_test_is_exact_for_small_samples_and_normal_beyond() -> None:
