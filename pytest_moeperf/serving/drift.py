@@ -118,7 +118,7 @@ class DriftCheck:
         """What was compared, in words: ``first vs last 11 of 46 requests`` or ``… 5 of 16 blocks of 16 requests``."""
         if self.block == 1:
             return f"first vs last {self.part} of {self.blocks} requests"
-        return f"first vs last {self.part} of {self.blocks} blocks of {self.block} requests (one observation a block)"
+        return f"first vs last {self.part} of {self.blocks} blocks of {self.block} requests, each block one observation"
 
     def reason(self) -> str | None:
         """The INCONCLUSIVE reason for the window's client-timed metrics, or None when nothing drifted."""
@@ -161,8 +161,8 @@ def check_drift(outcomes: Sequence[RequestOutcome], *, ramp: int, min_effects: M
     blocks = [steady[i:i + block] for i in range(0, len(steady) - block + 1, block)]
     part = max(len(blocks) // 4, MIN_QUARTER)
     if 2 * part > len(blocks):
-        unit = "requests" if block == 1 else f"blocks of {block} (the requests a closed loop has in flight share " \
-                                             f"their batch: one observation)"
+        unit = "requests" if block == 1 else f"blocks of {block} requests (requests in flight together share a " \
+                                             f"batch: a block is one observation)"
         return DriftCheck(part, block, len(blocks), skipped=(
             f"{len(ok)} requests leave {len(blocks)} {unit} after {ramp} ramp request(s) at each end; the check "
             f"needs {2 * MIN_QUARTER}"))

@@ -128,13 +128,13 @@ def test_concurrent_requests_that_share_a_batch_are_one_observation() -> None:
         per_request += bool(check_drift(outcomes, ramp=c, min_effects={}).drifted)
     assert flagged == 0 and per_request >= 10  # a request a sample reads such luck as drift, a block a sample not
     short = check_drift(closed_loop(rng, c, 100, [1.0] * 7), ramp=c, block=c, min_effects={})
-    assert short.skipped.startswith("100 requests leave 4 blocks of 16 (the requests a closed loop has in flight "
-                                    "share their batch: one observation) after 16 ramp request(s) at each end")
+    assert short.skipped.startswith("100 requests leave 4 blocks of 16 requests (requests in flight together share "
+                                    "a batch: a block is one observation) after 16 ramp request(s) at each end")
     # a server that changes does drift, block by block: 20 blocks, the first 8 at 1.4x
     trend = [1.4] * 8 + [1.0] * 12
     moved = check_drift(closed_loop(rng, c, 22 * c, [1.0] + trend + [1.0]), ramp=c, block=c, min_effects={})
     assert {d.metric for d in moved.drifted} == {"ttft", "tpot"} and moved.part == 5 and moved.blocks == 20
-    assert "first vs last 5 of 20 blocks of 16 requests (one observation a block)" in str(moved.reason())
+    assert "first vs last 5 of 20 blocks of 16 requests, each block one observation" in str(moved.reason())
 
 
 def test_an_open_loop_blocks_by_what_it_has_in_flight() -> None:
