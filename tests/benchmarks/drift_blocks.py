@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pytest_moeperf.serving.drift import check_drift
 from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator
-from pytest_moeperf.serving.metrics import RequestOutcome
+from pytest_moeperf.serving.metrics import RequestOutcome, latency_samples
 from pytest_moeperf.serving.prompts import random_token_requests
 
 
@@ -37,8 +37,9 @@ def acf(x: list[float], lag: int) -> float:
 
 
 def tpots(outcomes: list[RequestOutcome], ramp: int) -> list[float]:
-    ok = sorted((o for o in outcomes if o.success and o.output_tokens > 1), key=lambda o: o.start_s)
-    return [(o.latency_s - o.ttft_s) / (o.output_tokens - 1) * 1e3 for o in ok[ramp:len(ok) - ramp]]
+    """The steady requests' TPOT in ms, in send order (the ramp left out at each end, as `check_drift` does)."""
+    ok = sorted((o for o in outcomes if o.success), key=lambda o: o.start_s)
+    return latency_samples(ok[ramp:len(ok) - ramp])["tpot"]
 
 
 def describe(c: int, outcomes: list[RequestOutcome]) -> str:
