@@ -7,10 +7,10 @@ learned (`entries.BaselineEntry.reference`), and a file-level ``hosts`` table (w
 memory, driver, clocks policy). Schema-1 files are read as one run each and rewritten only when updated.
 
 An update touches only the metrics that ran, only this fingerprint's directory, and never a file it cannot
-read: a corrupt or schema-mismatched file raises `BaselineError` naming it and stays as it is. Updates of one
-baselines directory take turns (`files.locked`), and each re-reads the files under the lock, so two sessions
-updating at once both keep their metrics; every file of an update is replaced in one transaction
-(`files.commit`). Non-finite numbers are refused on write and on read.
+read: a corrupt or schema-mismatched file raises `BaselineError` naming it and stays as it is. Updates and merges
+of one baselines tree take turns on the lock of its root (`files.locked`), and each re-reads the files under the
+lock, so two sessions updating at once (or an update and a merge) keep all their runs; every file of an update is
+replaced in one transaction (`files.commit`). Non-finite numbers are refused on write and on read.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class BaselineStore:
             by_suite.setdefault(m.suite, []).append(m)
         if not by_suite:
             return []
-        with files.locked(self.directory):
+        with files.locked(self.root):  # the tree's lock: a merge (`trees.merge_trees`) takes the same
             self._files.clear()  # what another session wrote while we measured
             texts: dict[Path, str] = {}
             for suite, items in sorted(by_suite.items()):
@@ -185,6 +185,6 @@ class BaselineStore:
                     entries[m.key] = (old.updated(m, provenance, keep_runs) if old
                                       else BaselineEntry.from_measurement(m, provenance))
                 texts[self.path(suite)] = dump(fingerprint, entries, hosts)
-            written = files.commit(self.directory, texts)
+            written = files.commit(self.root, texts)
         self._files.clear()
         return written

@@ -5,12 +5,14 @@ transaction that make an update of several files one step.
   would give it (0666 less the umask), never mkstemp's 0600.
 * `read_json_object`: one error mapping for every JSON-object file we read (baselines, profiles, topologies,
   reports): `FileFormatError` naming the file, never a traceback.
-* `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): two updates of one baselines
-  directory take turns instead of losing each other's metrics.
+* `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): every writer of a baselines tree
+  (``--moeperf-update`` of any fingerprint, ``moeperf baselines merge``) locks its root, so they take turns instead
+  of losing each other's runs.
 * `commit`: several files replaced as one transaction. The new texts are written to temporary files, a journal
   naming them is written atomically, then each is renamed into place and the journal removed. A kill at any point
   leaves either the old files (no journal yet) or a journal that the next `locked` entry rolls forward; stray
-  temporary files of ours are removed there too.
+  temporary files of ours are removed there too, but only a dead writer's: a temporary file's name carries its
+  writer (``<pid>@<host>``), so a writer that does not take the lock (a report) keeps its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,6 +31,8 @@ from typing import Any
 LOCK_NAME = ".moeperf.lock"
 JOURNAL_NAME = ".moeperf-journal.json"
 TMP_SUFFIX = ".moeperf.tmp"
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
+_WRITER = re.compile(r"\.(\d+)@([A-Za-z0-9-]*)\.[^.]*" + re.escape(TMP_SUFFIX) + "$")
 
 
 class FileFormatError(ValueError):
@@ -42,7 +48,7 @@ def _umask() -> int:
 def _write_temp(path: Path, text: str) -> Path:
     """``text`` in a new temporary file beside ``path`` (same file system), flushed to disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}@{_HOST}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -107,7 +113,24 @@ def _recover(directory: Path) -> None:
                 os.replace(tmp, dest)
         journal.unlink(missing_ok=True)
     for stray in directory.rglob(f".*{TMP_SUFFIX}"):
-        stray.unlink(missing_ok=True)
+        if not _writer_alive(stray.name):
+            stray.unlink(missing_ok=True)
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the writer a temporary file's name carries may still be writing it (another host's: it may)."""
+    found = _WRITER.search(name)
+    if found is None:
+        return False  # an older version's name: no writer named
+    if found.group(2) != _HOST:
+        return True
+    try:
+        os.kill(int(found.group(1)), 0)
+    except PermissionError:
+        return True  # someone else's process
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -16,9 +16,9 @@ from pytest_moeperf.store.entries import BaselineEntry, BaselineError, merge_ent
 
 def merge_trees(target: Path, sources: Iterable[Path], keep: int = DEFAULT_KEEP_RUNS) -> list[Path]:
     """Merge every ``<slug>/<suite>.json`` under each source directory into ``target`` (created as needed), under
-    the target's lock and in one transaction. Runs of several hosts of one fingerprint live side by side (their
-    ``hosts`` tables are joined); files of one slug and suite whose fingerprint hashes differ are refused: they
-    were measured on different hardware."""
+    the target's lock (the one ``--moeperf-update`` takes) and in one transaction. Runs of several hosts of one
+    fingerprint live side by side (their ``hosts`` tables are joined); files of one slug and suite whose fingerprint
+    hashes differ are refused: they were measured on different hardware."""
     sources = list(sources)
     for root in (target, *sources):
         if not root.is_dir():
