@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ from pytest_moeperf.store import files
 from pytest_moeperf.store.baselines import BaselineStore
 from pytest_moeperf.store.entries import BaselineError
 from pytest_moeperf.store.keys import TestIds
+
+
+def _progress(line: str) -> None:
+    """A line while the session waits at its end (pytest's output capture is off there)."""
+    print(f"moeperf: {line}", file=sys.stderr, flush=True)
 
 
 def _now() -> str:
@@ -189,7 +195,8 @@ class Conclusion:
         if plan.measurements:
             try:
                 self.written += self.store.update(plan.measurements, self.fingerprint_record(), self.provenance(),
-                                                  self.settings.noise_runs, self.fingerprint.host_facts)
+                                                  self.settings.noise_runs, self.fingerprint.host_facts,
+                                                  self.settings.lock_timeout_s, _progress)
                 self.updated = len({m.key for m in plan.measurements})
             except (BaselineError, OSError) as exc:
                 self.errors.append(f"baselines not updated: {exc}")

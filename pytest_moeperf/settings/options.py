@@ -109,6 +109,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("server-pid", "server_pids", "count process PID and its descendants as the attached server's for the "
            "health gate, when its listening port does not name it here (another user's server, a container); "
            "repeatable", "PID", parse_pids, (), repeat=True),
+    Option("lock-timeout", "lock_timeout_s", "seconds --moeperf-update waits for the baselines directory's lock "
+           "while another update or merge holds it (the holder is named every 30 s) before it gives up, writing "
+           "nothing", "SECONDS", parse_seconds, 600.0),
     Option("server-timeout", "server_timeout_s", "seconds to wait for a launched server's /health",
            "SECONDS", parse_seconds, 600.0),
     Option("rank-timeout", "rank_timeout_s", "seconds before a multi-process run is declared hung and killed",
@@ -212,6 +215,7 @@ class Settings:
     server_pids: tuple[int, ...] = ()
     gpu_warmup_ms: float = 0.0
     window_requests: int | None = None  # None: the profile's, else the suite's per-device count
+    lock_timeout_s: float = 600.0
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in

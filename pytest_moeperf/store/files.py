@@ -8,6 +8,8 @@ transaction that make an update of several files one step.
 * `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): every writer of a baselines tree
   (``--moeperf-update`` of any fingerprint, ``moeperf baselines merge``) locks its root, so they take turns instead
   of losing each other's runs.
+  Its holder writes who it is (pid, host, command, since when) to ``.moeperf-lock-holder.json`` beside the lock; a
+  waiter names it in a progress line every 30 s and gives up after its timeout with `LockTimeout`, naming it.
 * `commit`: several files replaced as one transaction. The new texts are written to temporary files, a journal
   naming them is written atomically, then each is renamed into place and the journal removed. A kill at any point
   leaves either the old files (no journal yet) or a journal that the next `locked` entry rolls forward; stray
@@ -18,17 +20,23 @@ transaction that make an update of several files one step.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import json
 import os
 import re
 import socket
+import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 LOCK_NAME = ".moeperf.lock"
+HOLDER_NAME = ".moeperf-lock-holder.json"
+DEFAULT_LOCK_TIMEOUT_S = 600.0
+PROGRESS_EVERY_S = 30.0
 JOURNAL_NAME = ".moeperf-journal.json"
 TMP_SUFFIX = ".moeperf.tmp"
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
@@ -37,6 +45,10 @@ _WRITER = re.compile(r"\.(\d+)@([A-Za-z0-9-]*)\.[^.]*" + re.escape(TMP_SUFFIX) +
 
 class FileFormatError(ValueError):
     """A file that cannot be read as what it should be; the message names the file."""
+
+
+class LockTimeout(TimeoutError):
+    """A directory's lock was not had within the timeout; the message names its holder."""
 
 
 def _umask() -> int:
@@ -118,14 +130,17 @@ def _recover(directory: Path) -> None:
 
 
 def _writer_alive(name: str) -> bool:
-    """Whether the writer a temporary file's name carries may still be writing it (another host's: it may)."""
+    """Whether the writer a temporary file's name carries may still be writing it."""
     found = _WRITER.search(name)
-    if found is None:
-        return False  # an older version's name: no writer named
-    if found.group(2) != _HOST:
+    return found is not None and _alive(int(found.group(1)), found.group(2))  # an older version's: not named
+
+
+def _alive(pid: int, host: str) -> bool:
+    """Whether process ``pid`` of ``host`` may be running (another host's: it may)."""
+    if host != _HOST:
         return True
     try:
-        os.kill(int(found.group(1)), 0)
+        os.kill(pid, 0)
     except PermissionError:
         return True  # someone else's process
     except (ProcessLookupError, OverflowError):
@@ -133,16 +148,59 @@ def _writer_alive(name: str) -> bool:
     return True
 
 
+def holder(directory: Path) -> str:
+    """Who holds (or last held) the lock of ``directory``, as its holder file says."""
+    try:
+        found = read_json_object(directory / HOLDER_NAME, "lock holder file")
+        pid, host, since = int(found["pid"]), str(found["host"]), str(found["since"])
+        command = str(found.get("command", ""))
+    except (FileFormatError, KeyError, TypeError, ValueError):
+        return "a process that left no holder file (it may be starting, or an older version)"
+    try:
+        ago = f", {(dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(since)).total_seconds():.0f} s ago"
+    except (ValueError, TypeError):
+        ago = ""
+    gone = " (no longer running: a process it started may hold the lock)" if not _alive(pid, host) else ""
+    return f"pid {pid} on host {host}{gone}, since {since}{ago}: {command}"
+
+
+def _acquire(handle: Any, directory: Path, timeout: float | None, progress: Callable[[str], None] | None,
+             option: str) -> None:
+    started = time.monotonic()
+    said: float | None = None
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waited = time.monotonic() - started
+        if timeout is not None and waited >= timeout:
+            raise LockTimeout(f"gave up after {waited:.0f} s ({option} {timeout:g}) waiting for the lock of "
+                              f"{directory}, held by {holder(directory)}")
+        if progress is not None and (said is None or waited - said >= PROGRESS_EVERY_S):
+            limit = "" if timeout is None else f"; {option} {timeout:g}"
+            progress(f"waiting for the lock of {directory} ({waited:.0f} s{limit}), held by {holder(directory)}")
+            said = waited
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """Hold the exclusive lock of ``directory`` (created as needed); entering finishes an interrupted commit."""
+def locked(directory: Path, timeout: float | None = None, progress: Callable[[str], None] | None = None,
+           option: str = "lock timeout") -> Iterator[None]:
+    """Hold the exclusive lock of ``directory`` (created as needed); entering finishes an interrupted commit.
+    While another process holds it: ``progress`` lines name the holder; after ``timeout`` seconds (None: no
+    limit) `LockTimeout` names it and ``option``, the setting that gives the timeout."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / LOCK_NAME, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        _acquire(handle, directory, timeout, progress, option)
         try:
+            atomic_write(directory / HOLDER_NAME, json.dumps({
+                "pid": os.getpid(), "host": _HOST, "command": " ".join(sys.argv)[:400],
+                "since": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}) + "\n")
             _recover(directory)
             yield
         finally:
+            (directory / HOLDER_NAME).unlink(missing_ok=True)
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 

@@ -9,7 +9,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from pytest_moeperf.ledger import Measurement
 from pytest_moeperf.store import files
@@ -31,7 +34,7 @@ root, flags = Path(sys.argv[1]), Path(sys.argv[2])
 real_replace = os.replace
 
 def replace(src, dst):
-    if str(src).endswith(files.TMP_SUFFIX) and not (flags / "go").exists():
+    if str(src).endswith(files.TMP_SUFFIX) and dst != root / files.HOLDER_NAME and not (flags / "go").exists():
         (flags / "paused").write_text(str(os.getpid()))
         while not (flags / "go").exists():
             time.sleep(0.05)
@@ -75,10 +78,10 @@ def test_a_merge_during_an_update_waits_for_it_and_both_keep_their_runs(tmp_path
                               stderr=subprocess.PIPE, text=True)
     _wait_for(flags / "paused", update)  # the update holds its lock, its temporary file written
     merge = _moeperf("baselines", "merge", str(source), "--into", str(root), cwd=tmp_path)
-    try:
-        merge.wait(5)  # a merge that does not wait for the update finishes in well under a second here
-    except subprocess.TimeoutExpired:
-        pass
+    assert merge.stderr is not None
+    waiting = merge.stderr.readline()  # the merge waits, naming the update that holds the lock (item 12)
+    assert f"moeperf baselines merge: waiting for the lock of {root} (0 s; --lock-timeout 600), held " \
+           f"by pid {update.pid} on host " in waiting, waiting
     (flags / "go").write_text("")
     update_out, merge_out = update.communicate(timeout=60), merge.communicate(timeout=60)
     assert update.returncode == 0, update_out
@@ -100,3 +103,67 @@ def test_a_clean_up_leaves_the_temporary_file_of_a_live_writer(tmp_path: Path) -
     files.atomic_write(directory / SLUG / "report.json", "{}")
     assert json.loads((directory / SLUG / "report.json").read_text()) == {}
     live.unlink()
+
+
+#: holds the lock of a directory until ``go`` exists (a hung update); says so by creating ``held``
+HOLDER = """
+import sys, time
+from pathlib import Path
+from pytest_moeperf.store import files
+
+root, flags = Path(sys.argv[1]), Path(sys.argv[2])
+with files.locked(root):
+    (flags / "held").write_text("")
+    while not (flags / "go").exists():
+        time.sleep(0.05)
+"""
+
+LAT = "def test_lat(perf):\n    perf.record('latency', [100.0] * 20, unit='us')\n"
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """A process holding the lock of ``<tmp>/held/baselines``."""
+    root, flags = tmp_path / "held" / "baselines", tmp_path / "held" / "flags"
+    flags.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(root), str(flags), "--hung-update"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(flags / "held", proc)
+    yield root, proc
+    (flags / "go").write_text("")
+    proc.communicate(timeout=60)
+
+
+def test_an_update_waiting_for_a_hung_holder_names_it_and_gives_up(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                                   held: tuple[Path, subprocess.Popen[str]]) -> None:
+    root, holder = held
+    pytester.makepyfile(test_h=LAT)
+    result = run_moeperf("--moeperf-update", "--moeperf-history", "off", "--moeperf-baselines", str(root),
+                         "--moeperf-lock-timeout", "1.5")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    named = f"held by pid {holder.pid} on host {os.uname().nodename}, since 20*: -c {root} * --hung-update"
+    result.stderr.fnmatch_lines([f"moeperf: waiting for the lock of {root} (0 s; --moeperf-lock-timeout "
+                                 f"1.5), {named}"])
+    result.stdout.fnmatch_lines([f"moeperf: baselines not updated: gave up after 2 s (--moeperf-lock-timeout 1.5) "
+                                 f"waiting for the lock of {root}, {named}"])
+    assert not (root / "cpu-x86-64-2c").exists() or not list((root).rglob("test_h.json"))
+
+
+def test_a_merge_waiting_for_a_hung_holder_names_it_and_gives_up(tmp_path: Path,
+                                                                 held: tuple[Path, subprocess.Popen[str]]) -> None:
+    root, holder = held
+    _store(tmp_path / "src", "h-b")
+    merge = _moeperf("baselines", "merge", str(tmp_path / "src"), "--into", str(root), "--lock-timeout", "1",
+                     cwd=tmp_path)
+    out, err = merge.communicate(timeout=60)
+    assert merge.returncode == 2, out + err
+    lines = err.splitlines()
+    assert lines[0].startswith(f"moeperf baselines merge: waiting for the lock of {root} (0 s; --lock-timeout 1), "
+                               f"held by pid {holder.pid} on host "), err
+    assert lines[-1].startswith(f"moeperf baselines merge: gave up after 1 s (--lock-timeout 1) waiting for the "
+                                f"lock of {root}, held by pid {holder.pid} on host "), err
+    assert not (root / SLUG).exists()
+
+
+def test_the_lock_holder_file_is_ignored_by_git() -> None:
+    assert files.HOLDER_NAME in (Path(__file__).parents[2] / ".gitignore").read_text().splitlines()
