@@ -198,7 +198,7 @@ class Conclusion:
                                                   self.settings.noise_runs, self.fingerprint.host_facts,
                                                   self.settings.lock_timeout_s, _progress)
                 self.updated = len({m.key for m in plan.measurements})
-            except (BaselineError, OSError) as exc:
+            except (BaselineError, OSError, files.FileFormatError) as exc:  # the last: a journal it cannot finish
                 self.errors.append(f"baselines not updated: {exc}")
         self.update_failed = self.updated == 0 and bool(self.ledger.records)
 

@@ -7,14 +7,16 @@ transaction that make an update of several files one step.
   reports): `FileFormatError` naming the file, never a traceback.
 * `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): every writer of a baselines tree
   (``--moeperf-update`` of any fingerprint, ``moeperf baselines merge``) locks its root, so they take turns instead
-  of losing each other's runs.
-  Its holder writes who it is (pid, host, command, since when) to ``.moeperf-lock-holder.json`` beside the lock; a
-  waiter names it in a progress line every 30 s and gives up after its timeout with `LockTimeout`, naming it.
+  of losing each other's runs. Its holder writes who it is (pid, host, command, since when) to
+  ``.moeperf-lock-holder.json`` beside the lock; a waiter names it in a progress line every 30 s and gives up after
+  its timeout with `LockTimeout`, naming it.
 * `commit`: several files replaced as one transaction. The new texts are written to temporary files, a journal
   naming them is written atomically, then each is renamed into place and the journal removed. A kill at any point
-  leaves either the old files (no journal yet) or a journal that the next `locked` entry rolls forward; stray
-  temporary files of ours are removed there too, but only a dead writer's: a temporary file's name carries its
-  writer (``<pid>@<host>``), so a writer that does not take the lock (a report) keeps its own.
+  leaves either the old files (no journal yet) or a journal that the next `locked` entry rolls forward. The
+  journal names its files relative to the locked directory, so a tree copied after a kill is finished in the copy;
+  a journal that names a path outside its tree is refused (`FileFormatError`), nothing moved. Stray temporary
+  files of ours are removed there too, but only a dead writer's: a temporary file's name carries its writer
+  (``<pid>@<host>``), so a writer that does not take the lock (a report) keeps its own.
 """
 
 from __future__ import annotations
@@ -112,18 +114,37 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+def _inside(base: Path, name: str) -> Path | None:
+    """``name`` of a journal (relative to ``base``; an older version's: absolute) when it lies in ``base``."""
+    path = Path(os.path.realpath(base / name))
+    return path if path.is_relative_to(os.path.realpath(base)) else None
+
+
+def _roll_forward(journal: Path) -> None:
+    """Finish the commit a journal describes; refused (`FileFormatError`, nothing moved) when it names a path
+    outside its own tree: the tree was copied or moved while the commit was interrupted."""
+    base = journal.parent
+    moves = read_json_object(journal, "commit journal")
+    pairs = []
+    for tmp, dest in moves.items():
+        src, dst = _inside(base, tmp), _inside(base, str(dest))
+        if src is None or dst is None:
+            raise FileFormatError(f"commit journal {journal} names {tmp if src is None else dest}, outside {base}: "
+                                  "was the tree copied or moved during an interrupted update? Nothing was rolled "
+                                  "forward; check the files it names, then delete the journal")
+        pairs.append((src, dst))
+    for src, dst in pairs:
+        if src.exists():
+            os.replace(src, dst)
+    journal.unlink(missing_ok=True)
+
+
 def _recover(directory: Path) -> None:
-    """Roll a journal forward (an interrupted `commit`), then remove our stray temporary files."""
-    journal = directory / JOURNAL_NAME
-    if journal.exists():
-        try:
-            moves = json.loads(journal.read_text())
-        except (OSError, ValueError):
-            moves = {}
-        for tmp, dest in dict(moves).items():
-            if Path(tmp).exists():
-                os.replace(tmp, dest)
-        journal.unlink(missing_ok=True)
+    """Roll journals forward (an interrupted `commit`; an older version kept one in each fingerprint's directory),
+    then remove our stray temporary files of writers that are gone."""
+    for journal in (directory / JOURNAL_NAME, *sorted(directory.glob(f"*/{JOURNAL_NAME}"))):
+        if journal.exists():
+            _roll_forward(journal)
     for stray in directory.rglob(f".*{TMP_SUFFIX}"):
         if not _writer_alive(stray.name):
             stray.unlink(missing_ok=True)
@@ -209,16 +230,20 @@ def commit(directory: Path, texts: Mapping[Path, str]) -> list[Path]:
     the paths written."""
     if not texts:
         return []
-    temps: dict[str, str] = {}
+    outside = [str(dest) for dest in texts if _inside(directory, str(dest)) is None]
+    if outside:
+        raise ValueError(f"commit into {directory}: {', '.join(outside)} lies outside it")
+    temps: dict[Path, Path] = {}
     try:
         for dest, text in texts.items():
-            temps[str(_write_temp(dest, text))] = str(dest)
-        atomic_write(directory / JOURNAL_NAME, json.dumps(temps, indent=1))
+            temps[_write_temp(dest, text)] = dest
+        journal = {os.path.relpath(tmp, directory): os.path.relpath(dest, directory) for tmp, dest in temps.items()}
+        atomic_write(directory / JOURNAL_NAME, json.dumps(journal, indent=1))  # relative: a copied tree is whole
     except BaseException:
         for tmp in temps:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
         raise
     for tmp, final in temps.items():
         os.replace(tmp, final)
     (directory / JOURNAL_NAME).unlink(missing_ok=True)
-    return [Path(final) for final in temps.values()]
+    return list(temps.values())

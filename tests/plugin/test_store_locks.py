@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -167,3 +168,74 @@ def test_a_merge_waiting_for_a_hung_holder_names_it_and_gives_up(tmp_path: Path,
 
 def test_the_lock_holder_file_is_ignored_by_git() -> None:
     assert files.HOLDER_NAME in (Path(__file__).parents[2] / ".gitignore").read_text().splitlines()
+
+
+#: a commit of two files killed (SIGKILL, no clean-up) between its two renames: the journal stays behind
+KILLED_COMMIT = """
+import os, signal, sys
+from pathlib import Path
+from pytest_moeperf.store import files
+
+tree = Path(sys.argv[1])
+real_replace = os.replace
+
+def replace(src, dst):
+    if str(dst).endswith("b.json"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+
+files.os.replace = replace
+with files.locked(tree):
+    files.commit(tree, {tree / "cpu" / "a.json": "A\\n", tree / "cpu" / "b.json": "B\\n"})
+"""
+
+
+def _snapshot(tree: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(tree)): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()}
+
+
+def test_a_tree_copied_after_a_killed_commit_is_finished_in_the_copy_only(tmp_path: Path) -> None:
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    (original / "cpu").mkdir(parents=True)
+    (original / "cpu" / "b.json").write_text("old B\n")
+    killed = subprocess.run([sys.executable, "-c", KILLED_COMMIT, str(original)], capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert (original / files.JOURNAL_NAME).exists() and (original / "cpu" / "b.json").read_text() == "old B\n"
+    journal = json.loads((original / files.JOURNAL_NAME).read_text())
+    shutil.copytree(original, copy)
+    before = _snapshot(original)
+    with files.locked(copy):  # the next update of the copy finishes the copy's commit
+        pass
+    assert _snapshot(original) == before, "recovery in the copy wrote into the original tree"
+    assert (copy / "cpu" / "a.json").read_text() == "A\n" and (copy / "cpu" / "b.json").read_text() == "B\n"
+    assert not (copy / files.JOURNAL_NAME).exists() and not list(copy.rglob(f"*{files.TMP_SUFFIX}"))
+    with files.locked(original):  # and the original's own next update finishes it there
+        pass
+    assert (original / "cpu" / "b.json").read_text() == "B\n"
+    assert all(not Path(name).is_absolute() for pair in journal.items() for name in pair), journal
+
+
+def test_a_journal_naming_paths_outside_its_tree_is_refused(tmp_path: Path) -> None:
+    """An older version's journal (absolute paths) in a copied tree names the original's files."""
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    (original / "cpu").mkdir(parents=True)
+    (copy / "cpu").mkdir(parents=True)
+    (original / "cpu" / ".b.json.x.moeperf.tmp").write_text("B\n")
+    journal = {str(original / "cpu" / ".b.json.x.moeperf.tmp"): str(original / "cpu" / "b.json")}
+    (copy / files.JOURNAL_NAME).write_text(json.dumps(journal))
+    with pytest.raises(files.FileFormatError, match=f"journal {copy / files.JOURNAL_NAME} names .*original.*, "
+                                                    f"outside {copy}"):
+        with files.locked(copy):
+            pass
+    assert not (original / "cpu" / "b.json").exists() and (copy / files.JOURNAL_NAME).exists()
+
+
+def test_an_update_into_a_tree_with_a_foreign_journal_says_so(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    pytester.makepyfile(test_h=LAT)
+    root = pytester.path / "baselines"
+    root.mkdir()
+    (root / files.JOURNAL_NAME).write_text(json.dumps({"/elsewhere/.t.json.x.moeperf.tmp": "/elsewhere/t.json"}))
+    result = run_moeperf("--moeperf-update", "--moeperf-history", "off")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"moeperf: baselines not updated: commit journal {root / files.JOURNAL_NAME} names "
+                                 f"/elsewhere/.t.json.x.moeperf.tmp, outside {root}: *"])
