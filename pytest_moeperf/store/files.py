@@ -2,7 +2,8 @@
 transaction that make an update of several files one step.
 
 * `atomic_write`: a temporary file in the same directory, fsync, rename; the file gets the mode a plain ``open()``
-  would give it (0666 less the umask), never mkstemp's 0600.
+  would give it (0666 less the umask), never mkstemp's 0600. It writes *to* what sits at the path, never instead
+  of it: through a symlink to its target; into a FIFO, a device or ``/dev/stdout`` in place.
 * `read_json_object`: one error mapping for every JSON-object file we read (baselines, profiles, topologies,
   reports): `FileFormatError` naming the file, never a traceback.
 * `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): every writer of a baselines tree
@@ -28,6 +29,7 @@ import json
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -75,11 +77,45 @@ def _write_temp(path: Path, text: str) -> Path:
     return Path(tmp)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a crash leaves the old file whole (see the module docstring)."""
-    tmp = _write_temp(path, text)
+def _target(path: Path) -> Path | int | None:
+    """Where a write to ``path`` goes: the file to replace (a symlink's final target, or ``path``), a descriptor of
+    this process to write to (``/dev/stdout``, ``/dev/fd/N``), or None: in place (a FIFO, a device, a socket, an
+    open file of another process)."""
+    current = Path(os.path.abspath(path))
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        own = re.fullmatch(rf"/(?:dev/fd|proc/(?:self|{os.getpid()})/fd)/(\d+)", str(current))  # /dev/stdout's
+        if own is not None:
+            return int(own.group(1))
+        if str(current).startswith("/proc/") or not current.is_symlink():
+            break
+        current = Path(os.path.normpath(Path(os.path.realpath(current.parent)) / os.readlink(current)))
     try:
-        os.replace(tmp, path)
+        mode = os.stat(current).st_mode
+    except FileNotFoundError:
+        return None if str(current).startswith("/proc/") else current
+    return current if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else None
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a crash leaves the old file whole (see the module docstring). What sits at
+    ``path`` is written to, never replaced: a symlink's target is replaced (the link stays); a FIFO, a device or
+    another process's open file is written in place; this process's own descriptor (``/dev/stdout``) is written
+    to after what was printed before."""
+    target = _target(path)
+    if isinstance(target, int):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(target, data):]
+        return
+    if target is None:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    tmp = _write_temp(target, text)
+    try:
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -88,7 +124,7 @@ def atomic_write(path: Path, text: str) -> None:
 def write_report(path: Path, text: str, append: bool = False) -> None:
     """A report file: appended to (a Markdown summary such as ``$GITHUB_STEP_SUMMARY`` collects several
     sessions), else written atomically. Raises `OSError`."""
-    if append and path.exists():
+    if append and path.exists() and not isinstance(_target(path), int):  # our stdout: after what we printed
         with path.open("a", encoding="utf-8") as handle:
             handle.write(text)
     else:
