@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_moeperf.judging.thresholds import Threshold
+from pytest_moeperf.judging.thresholds import Threshold, policy_value
 from pytest_moeperf.judging.verdict import Status, Verdict
 
 Better = Literal["lower", "higher"]
@@ -76,8 +76,8 @@ class Measurement:
             if sample != sample or sample in (float("inf"), float("-inf")):
                 raise ValueError(f"metric {self.name!r}: sample {sample} is not a finite number")
         for name, tol in (("tolerance", self.tolerance), ("abs_tolerance", self.abs_tolerance)):
-            if tol is not None and tol < 0:
-                raise ValueError(f"metric {self.name!r}: {name} must be >= 0, got {tol}")
+            if tol is not None:
+                policy_value(f"metric {self.name!r}", name, tol)
 
     @property
     def key(self) -> str:

@@ -101,10 +101,15 @@ class Perf:
                         "devices, so nothing is recorded or compared")
         if any(m.name == name for m in self._records):
             raise ValueError(f"metric {name!r} recorded twice in {self.test_id}")
-        measurement = Measurement(
-            test_id=self.test_id, name=name, samples=as_samples(samples), unit=unit, better=better,
-            tolerance=tolerance, abs_tolerance=abs_tolerance, context={**self._context, **(context or {})},
-        )
+        try:  # a bad argument fails this test, here, naming the metric and the argument
+            measurement = Measurement(
+                test_id=self.test_id, name=name, samples=as_samples(samples), unit=unit, better=better,
+                tolerance=tolerance, abs_tolerance=abs_tolerance, context={**self._context, **(context or {})},
+            )
+        except TypeError as exc:
+            raise TypeError(f"perf.record: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"perf.record: {exc}") from None
         self._records.append(measurement)
         overflow = stats.non_finite(stats.summarize(measurement.samples))
         if overflow:  # this metric alone: the test's other metrics are judged and stored as usual

@@ -135,7 +135,7 @@ class Threshold:
         for name in (*MARKER_ARGS, "quiet_floor"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
-                raise ValueError(f"Threshold.{name} must be >= 0, got {value}")
+                raise ThresholdError(f"Threshold.{name} must be >= 0, got {value}")
 
     def bound(self, reference: Reference) -> Bound:
         """The mde for ``reference`` and where its noise term came from."""
@@ -180,7 +180,9 @@ class Threshold:
         return found.mde, found.spread
 
 
-def _number(where: str, name: str, value: Any) -> float:
+def policy_value(where: str, name: str, value: Any) -> float:
+    """A threshold argument as a test gives it (``perf.record``, the marker), checked: a finite number >= 0;
+    `ThresholdError` names ``where``, the argument and the value."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -201,7 +203,7 @@ def marker_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Mapping[s
     unknown = set(values) - set(MARKER_ARGS)
     if unknown:
         raise ThresholdError(f"{where}: unknown argument(s) {sorted(unknown)}; expected {', '.join(MARKER_ARGS)}")
-    return {name: _number(where, name, value) for name, value in values.items() if value is not None}
+    return {name: policy_value(where, name, value) for name, value in values.items() if value is not None}
 
 
 def resolve_threshold(marker: Mapping[str, float], option_tolerance: float | None = None, *,

@@ -53,3 +53,29 @@ def test_item3_a_baseline_number_that_is_no_finite_number_fails_its_test(  # typ
         assert "baseline unusable" in out and f"{path}: metric {KEY!r}: {name} must be a finite number, got " \
             f"{value!r} (left untouched)" in out, out
         assert path.read_bytes() == content
+
+
+BAD_RECORD = """
+def test_bad(perf):
+    perf.record("first", [1.0] * 5, unit="us")
+    perf.record("x", [1.0] * 5, unit="us", {arg}={value})
+
+def test_good(perf):
+    perf.record("y", [2.0] * 5, unit="us")
+"""
+
+
+@pytest.mark.parametrize("arg", ["tolerance", "abs_tolerance"])
+@pytest.mark.parametrize("value", ["float('nan')", "float('inf')", "-0.1"])
+def test_item4_a_bad_threshold_argument_fails_that_test_only(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, arg: str, value: str) -> None:
+    """``tolerance=float('nan')`` was an INTERNALERROR (exit 3) at the call report: later tests did not run and an
+    update wrote nothing."""
+    pytester.makepyfile(test_h=BAD_RECORD.format(arg=arg, value=value))
+    result = run_moeperf("--moeperf-update")
+    result.assert_outcomes(passed=1, failed=1)
+    shown = "nan" if "nan" in value else "inf" if "inf" in value else value
+    result.stdout.fnmatch_lines([f"*perf.record: metric 'x': {arg} must be a finite number >= 0, got {shown}*",
+                                 "FAILED test_h.py::test_bad - *"])
+    stored = json.loads(_baseline(pytester).read_text())["metrics"]
+    assert list(stored) == ["test_h.py::test_good::y"]
