@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pytest_moeperf.judging.thresholds import fraction_hint
+
 __all__ = ["at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
            "parse_bool", "parse_cores", "parse_count", "parse_factor", "parse_floor", "parse_fraction", "parse_name",
            "parse_percent", "parse_positive", "parse_seconds", "pvalue"]
@@ -113,10 +115,18 @@ def describe(exc: BaseException) -> str:
 
 
 def parse_fraction(text: str) -> float:
-    """A relative tolerance: a fraction in [0, 10), e.g. ``0.1`` for 10 %."""
-    value = number_in(0.0)(text)
-    if value >= 10.0:
-        raise argparse.ArgumentTypeError(f"a tolerance is a fraction in [0, 10) such as 0.05, got {text}")
+    """A relative threshold: a fraction in [0, 1) such as ``0.05``, or a percentage below 100 written with its
+    sign, ``5%``. ``2`` is refused, naming the fraction it probably meant (`thresholds.fraction_hint`)."""
+    stripped = text.strip()
+    if stripped.endswith("%"):
+        percent = number_in(0.0)(stripped[:-1])
+        if percent >= 100.0:
+            raise argparse.ArgumentTypeError(f"a percentage below 100 % is expected, got {text}")
+        return percent / 100.0
+    value = number_in(0.0)(stripped)
+    hint = fraction_hint(value)
+    if hint is not None:
+        raise argparse.ArgumentTypeError(hint)
     return value
 
 

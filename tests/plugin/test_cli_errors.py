@@ -234,6 +234,8 @@ def test_history_targets_that_are_no_database(capsys: pytest.CaptureFixture[str]
     (["trend", "latency", "--max-pvalue", "2"], "argument --max-pvalue: must be a probability in (0, 1], got 2"),
     (["trend", "latency", "--max-pvalue", "0"], "argument --max-pvalue: must be a probability in (0, 1], got 0"),
     (["trend", "latency", "--min-magnitude", "-1"], "argument --min-magnitude: must be a finite number >= 0"),
+    (["trend", "latency", "--min-magnitude", "5"], "argument --min-magnitude: a fraction in [0, 1) such as 0.05 is "
+                                                   "expected: 5 means 500 %; for 5 % give 0.05 (or 5%)"),
     (["trend", "latency", "--window", "1"], "argument --window: must be at least 2, got 1"),
     (["trend", "latency", "--plot", "out.txt"], "--plot wants a .png or .svg path, got out.txt"),
 ])

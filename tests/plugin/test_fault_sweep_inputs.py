@@ -79,3 +79,69 @@ def test_item4_a_bad_threshold_argument_fails_that_test_only(  # type: ignore[no
                                  "FAILED test_h.py::test_bad - *"])
     stored = json.loads(_baseline(pytester).read_text())["metrics"]
     assert list(stored) == ["test_h.py::test_good::y"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--moeperf-tolerance", "2"), "argument --moeperf-tolerance: a fraction in [[]0, 1) such as 0.05 is expected: 2 "
+                                   "means 200 %; for 2 % give 0.02 (or 2%)"),
+    (("--moeperf-tolerance", "1"), "argument --moeperf-tolerance: *1 means 100 %; for 1 % give 0.01 (or 1%)"),
+    (("--moeperf-tolerance", "150%"), "argument --moeperf-tolerance: a percentage below 100 % is expected, got 150%"),
+    (("--moeperf-tolerance", "true"), "argument --moeperf-tolerance: expected a number, got 'true'"),
+    (("--moeperf-quiet-floor", "3"), "argument --moeperf-quiet-floor: *3 means 300 %; for 3 % give 0.03 (or 3%)"),
+    (("--moeperf-quiet-floor", "nan"), "argument --moeperf-quiet-floor: must be a finite number >= 0, got nan"),
+])
+def test_item5_a_tolerance_of_one_or_more_is_refused_suggesting_the_fraction(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, args: tuple[str, str], message: str) -> None:
+    """``--moeperf-tolerance 2`` (meant: 2 %) was 200 %: a -99 % busbw read PASS."""
+    pytester.makepyfile(test_h=LAT)
+    result = run_moeperf(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
+    pytester.makeini(f"[pytest]\nmoeperf_{args[0][10:].replace('-', '_')} = {args[1]}\n")
+    ini = run_moeperf()
+    assert ini.ret == pytest.ExitCode.USAGE_ERROR
+    ini.stderr.fnmatch_lines([f"*ini option moeperf_{args[0][10:].replace('-', '_')}: "
+                              f"{message.split(': ', 1)[1]}*"])
+
+
+def test_item5_a_percent_form_is_the_fraction(pytester: pytest.Pytester) -> None:
+    from pytest_moeperf.settings import resolve
+
+    assert resolve(pytester.parseconfig("--moeperf-tolerance", "2%")).tolerance == pytest.approx(0.02)
+    assert resolve(pytester.parseconfig("--moeperf-tolerance", "0.02")).tolerance == pytest.approx(0.02)
+    assert resolve(pytester.parseconfig("--moeperf-quiet-floor", "2.5 %")).quiet_floor == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize(("where", "code", "message"), [
+    ("marker", "@pytest.mark.moeperf_threshold(tolerance=True)",
+     "bad marker: moeperf_threshold: tolerance must be a number, got True"),
+    ("marker", "@pytest.mark.moeperf_threshold(2)",
+     "bad marker: moeperf_threshold: tolerance: a fraction in [[]0, 1) such as 0.05 is expected: 2 means 200 %"),
+    ("marker", "@pytest.mark.moeperf_threshold(noise_k=False)",
+     "bad marker: moeperf_threshold: noise_k must be a number, got False"),
+    ("marker", "@pytest.mark.moeperf_threshold(abs_tolerance=True)",
+     "bad marker: moeperf_threshold: abs_tolerance must be a number, got True"),
+    ("record", "tolerance=True", "perf.record: metric 't': tolerance must be a number, got True"),
+    ("record", "tolerance=2", "perf.record: metric 't': tolerance: a fraction in [[]0, 1) such as 0.05 is expected: "
+                              "2 means 200 %; for 2 % give 0.02"),
+    ("record", "abs_tolerance=True", "perf.record: metric 't': abs_tolerance must be a number, got True"),
+    ("record", "tolerance='0.05'", "perf.record: metric 't': tolerance must be a number, got '0.05'"),
+])
+def test_item5_bools_and_tolerances_of_one_or_more_fail_that_test(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, where: str, code: str, message: str) -> None:
+    """``tolerance=True`` in the marker read as 100 %."""
+    marker, arg = (code, "") if where == "marker" else ("", ", " + code)
+    pytester.makepyfile(test_h=f"""
+        import pytest
+
+        {marker}
+        def test_bad(perf):
+            perf.record("t", [1.0] * 5, unit="us"{arg})
+
+        def test_fine(perf):
+            perf.record("t", [1.0] * 5, unit="us")
+    """)
+    result = run_moeperf()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, **({"errors": 1} if where == "marker" else {"failed": 1}))
+    result.stdout.fnmatch_lines([f"*{message}*"])
