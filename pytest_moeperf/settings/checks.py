@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pytest_moeperf.judging.thresholds import fraction_hint
+from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, fraction_hint
 
 __all__ = ["at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
            "parse_bool", "parse_cores", "parse_count", "parse_factor", "parse_floor", "parse_fraction", "parse_name",
-           "parse_percent", "parse_positive", "parse_seconds", "pvalue"]
+           "parse_noise_runs", "parse_percent", "parse_positive", "parse_seconds", "pvalue"]
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -154,6 +154,17 @@ def parse_count(text: str) -> int:
 def parse_positive(text: str) -> int:
     """An integer >= 1."""
     return at_least(1)(text)
+
+
+def parse_noise_runs(text: str) -> int:
+    """How many runs a baseline keeps per metric and host: at least the `MIN_RUNS_FOR_SPREAD` the judge learns a
+    between-run spread from (fewer, and no verdict could ever be REGRESSED)."""
+    value = at_least(1)(text)
+    if value < MIN_RUNS_FOR_SPREAD:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_RUNS_FOR_SPREAD}, got {value}: a baseline learns its between-run noise from "
+            f"{MIN_RUNS_FOR_SPREAD} or more runs of a host, and with fewer kept it can never fail anything")
+    return value
 
 
 def parse_factor(text: str) -> float:

@@ -24,6 +24,7 @@ from pytest_moeperf.settings.checks import (
     parse_fraction,
     parse_milliseconds,
     parse_name,
+    parse_noise_runs,
     parse_percent,
     parse_positive,
     parse_seconds,
@@ -131,7 +132,7 @@ OPTIONS: tuple[Option, ...] = (
            "fingerprint hash) fail the session", None, parse_bool, False),
     Option("noise-runs", "noise_runs", "run summaries a baseline keeps per metric to learn its between-run noise "
            "(record them in more than one sitting: rounds of one update share the box's state)",
-           "K", parse_positive, 15),
+           "K", parse_noise_runs, 15),
     Option("noise-k", "noise_k", "a metric's threshold is at least this many between-run spreads (robust σ of the "
            "stored run medians)", "K", parse_factor, 3.0),
     Option("rounds", "rounds", "measure N independent rounds, each a separate pytest process, and judge (or "

@@ -145,3 +145,27 @@ def test_item5_bools_and_tolerances_of_one_or_more_fail_that_test(  # type: igno
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(passed=1, **({"errors": 1} if where == "marker" else {"failed": 1}))
     result.stdout.fnmatch_lines([f"*{message}*"])
+
+
+NOISE_RUNS = ("must be at least 3, got {k}: a baseline learns its between-run noise from 3 or more runs of a host, "
+              "and with fewer kept it can never fail anything")
+
+
+@pytest.mark.parametrize("k", ["1", "2"])
+def test_item6_fewer_noise_runs_than_the_judge_needs_are_refused(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, capsys: pytest.CaptureFixture[str], k: str) -> None:
+    """``--moeperf-noise-runs 2`` kept 2 runs a host: every verdict said 'record at least 3' and none could fail."""
+    from pytest_moeperf.cli import main
+
+    pytester.makepyfile(test_h=LAT)
+    result = run_moeperf("--moeperf-noise-runs", k)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*argument --moeperf-noise-runs: {NOISE_RUNS.format(k=k)}*"])
+    pytester.makeini(f"[pytest]\nmoeperf_noise_runs = {k}\n")
+    ini = run_moeperf()
+    assert ini.ret == pytest.ExitCode.USAGE_ERROR
+    ini.stderr.fnmatch_lines([f"*ini option moeperf_noise_runs: {NOISE_RUNS.format(k=k)}*"])
+    with pytest.raises(SystemExit) as exited:
+        main(["baselines", "merge", str(pytester.path), "--keep", k])
+    assert exited.value.code == 2
+    assert f"argument --keep: {NOISE_RUNS.format(k=k)}" in capsys.readouterr().err
