@@ -91,7 +91,8 @@ class Perf:
     def record(self, name: str, samples: float | int | Sequence[float | int], *, unit: str,
                better: Better = "lower", tolerance: float | None = None, abs_tolerance: float | None = None,
                context: dict[str, JSONScalar] | None = None) -> Measurement:
-        """Record one metric: a number or a sequence of samples (the median is judged).
+        """Record one metric: a number or a sequence of numbers, its samples (the median is judged); ``unit`` a
+        non-empty str, ``better`` ``"lower"`` or ``"higher"``.
 
         ``tolerance`` (relative: the smallest change worth failing for) and ``abs_tolerance`` (in ``unit``)
         override the marker and option for this metric. A second record of the same name in one round of a test
@@ -103,8 +104,9 @@ class Perf:
             raise ValueError(f"metric {name!r} recorded twice in {self.test_id}")
         try:  # a bad argument fails this test, here, naming the metric and the argument
             measurement = Measurement(
-                test_id=self.test_id, name=name, samples=as_samples(samples), unit=unit, better=better,
-                tolerance=tolerance, abs_tolerance=abs_tolerance, context={**self._context, **(context or {})},
+                test_id=self.test_id, name=name, samples=as_samples(samples, f"metric {name!r}"), unit=unit,
+                better=better, tolerance=tolerance, abs_tolerance=abs_tolerance,
+                context={**self._context, **(context or {})},
             )
         except TypeError as exc:
             raise TypeError(f"perf.record: {exc}") from None

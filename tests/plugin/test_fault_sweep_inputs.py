@@ -169,3 +169,33 @@ def test_item6_fewer_noise_runs_than_the_judge_needs_are_refused(  # type: ignor
         main(["baselines", "merge", str(pytester.path), "--keep", k])
     assert exited.value.code == 2
     assert f"argument --keep: {NOISE_RUNS.format(k=k)}" in capsys.readouterr().err
+
+
+BAD_CALLS = {  # perf.record's arguments -> what the failing test says
+    '"123", unit="us"': "samples must be a number or a sequence of numbers, got a str: '123'",
+    'True, unit="us"': "samples must be a number or a sequence of numbers, got a bool: True",
+    '[1.0, True], unit="us"': "sample 2 must be a number, got True",
+    '[1.0, "2"], unit="us"': "sample 2 must be a number, got '2'",
+    '[1.0, None], unit="us"': "sample 2 must be a number, got None",
+    '{"a": 1.0}, unit="us"': "samples must be a number or a sequence of numbers, got a dict",
+    "1.0, unit=None": "unit must be a non-empty str such as 'us', got None",
+    '1.0, unit=""': "unit must be a non-empty str such as 'us', got ''",
+    '1.0, unit="us", better=None': "better must be 'lower' or 'higher', got None",
+    '1.0, unit="us", better="faster"': "better must be 'lower' or 'higher', got 'faster'",
+    '1.0, unit="us", context={"shape": [1, 2]}': "context 'shape' must be a str, number, bool or None, got list",
+}
+
+
+def test_item10_bad_samples_unit_and_direction_fail_that_test(pytester: pytest.Pytester,  # type: ignore[no-untyped-def]
+                                                              run_moeperf) -> None:
+    """``perf.record("x", "123", unit="us")`` stored samples 1, 2, 3; ``unit=None`` stored 'None' and failed every
+    later run with "baseline 'None', now None"."""
+    tests = [f"def test_bad{i}(perf):\n    perf.record('x', {call})\n" for i, call in enumerate(BAD_CALLS)]
+    pytester.makepyfile(test_h="\n".join(tests) + "\ndef test_fine(perf):\n    perf.record('x', 1.0, unit='us')\n")
+    result = run_moeperf("--moeperf-update")
+    result.assert_outcomes(passed=1, failed=len(BAD_CALLS))
+    out = result.stdout.str()
+    for i, message in enumerate(BAD_CALLS.values()):
+        assert f"perf.record: metric 'x': {message}" in out, (i, message)
+    stored = json.loads(_baseline(pytester).read_text())["metrics"]
+    assert list(stored) == ["test_h.py::test_fine::x"]
