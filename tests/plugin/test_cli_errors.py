@@ -148,14 +148,15 @@ def test_merge_with_nothing_new_says_so(capsys: pytest.CaptureFixture[str], tmp_
     (["--allreduce-us", "-5"], "argument --allreduce-us: must be a finite number >= 0, got -5"),
     (["--allreduce-us", "nan"], "argument --allreduce-us: must be a finite number >= 0, got nan"),
     (["--fingerprint", "cpu-x"], "--fingerprint needs --baselines DIR"),
-    (["--model", "no-such-model"], "moeperf budget: unknown model 'no-such-model': not one of"),
+    (["--model", "no-such-model", "--from-report", "r.json"],
+     "moeperf budget: unknown model 'no-such-model': not one of"),
 ])
 def test_budget_usage_errors(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert message in failed(capsys, "budget", *args)
 
 
 def test_budget_inputs_that_cannot_be_read(capsys: pytest.CaptureFixture[str], files: Path) -> None:
-    assert failed(capsys, "budget", "--model", str(files / "folder")).startswith(
+    assert failed(capsys, "budget", "--model", str(files / "folder"), "--from-report", "r.json").startswith(
         f"moeperf budget: model config {files / 'folder'}: ")
     assert "is a directory, not a file" in failed(capsys, "budget", "--from-report", str(files / "folder"))
     assert "does not exist" in failed(capsys, "budget", "--from-report", str(files / "absent.json"))

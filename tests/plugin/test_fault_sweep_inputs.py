@@ -199,3 +199,38 @@ def test_item10_bad_samples_unit_and_direction_fail_that_test(pytester: pytest.P
         assert f"perf.record: metric 'x': {message}" in out, (i, message)
     stored = json.loads(_baseline(pytester).read_text())["metrics"]
     assert list(stored) == ["test_h.py::test_fine::x"]
+
+
+def _moeperf(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``moeperf ARGS`` in-process: exit status (argparse's SystemExit included), stdout, stderr."""
+    from pytest_moeperf.cli import main
+
+    try:
+        rc = main(list(args))
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_item11_a_budget_with_no_measured_term_is_an_error(pytester: pytest.Pytester,  # type: ignore[no-untyped-def]
+                                                           run_moeperf, capsys: pytest.CaptureFixture[str]) -> None:
+    """``moeperf budget`` with no source printed a table of dashes and 'Modelled step time: 0 us', exit 0."""
+    rc, out, err = _moeperf(capsys, "budget")
+    assert rc == 2 and "Modelled" not in out
+    assert "moeperf budget: error: give the measured numbers: --from-report PATH (a run's --moeperf-report) or " \
+           "--baselines DIR --fingerprint SLUG" in err, err
+    rc, out, err = _moeperf(capsys, "budget", "--allreduce-us", "10", "--topology", "2x-h200-nvlink")
+    assert rc == 2 and "give the measured numbers" in err and "Modelled" not in out
+
+    pytester.makepyfile(test_h=LAT)  # a report and baselines that hold no GEMM or all-reduce of the model
+    run_moeperf("--moeperf-update", "--moeperf-report", "r.json").assert_outcomes(passed=2)
+    slug = _baseline(pytester).parent.name
+    for source in (["--from-report", str(pytester.path / "r.json")],
+                   ["--baselines", str(pytester.path / "baselines"), "--fingerprint", slug]):
+        for extra in ((), ("--allreduce-us", "10", "--topology", "2x-h200-nvlink")):
+            rc, out, err = _moeperf(capsys, "budget", *source, *extra)
+            assert rc == 2 and "Modelled" not in out, (source, extra, out)
+            where = f"report {pytester.path / 'r.json'}" if source[0] == "--from-report" else f"baselines {slug}"
+            assert f"moeperf budget: {where} holds no measured GEMM (metric 'time', us) or all-reduce (metric " \
+                   f"'latency_<mode>', us) of kimi-k2.5 at TP {2 if extra else 8}: nothing to model" in err, err
