@@ -234,3 +234,46 @@ def test_item11_a_budget_with_no_measured_term_is_an_error(pytester: pytest.Pyte
             where = f"report {pytester.path / 'r.json'}" if source[0] == "--from-report" else f"baselines {slug}"
             assert f"moeperf budget: {where} holds no measured GEMM (metric 'time', us) or all-reduce (metric " \
                    f"'latency_<mode>', us) of kimi-k2.5 at TP {2 if extra else 8}: nothing to model" in err, err
+
+
+UNITS = """
+def test_lat(perf):
+    perf.record("latency", [100.0, 100.5, 101.0], unit="us")
+    perf.record("busbw", [300.0, 301.0], unit="GB/s", better="higher")
+    perf.record("share", [12.5], unit="%")
+"""
+
+
+def test_item13_pytest_benchmark_compare_shows_times_in_seconds_and_no_other_unit_as_one(
+        pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    """A 100 us latency showed as '100.02 s' in ``pytest-benchmark compare``, and 300 GB/s as 300 s."""
+    import subprocess
+    import sys
+
+    from pytest_moeperf.history.records import records_from_report
+    from pytest_moeperf.reports.document import benchmark_metrics
+
+    pytester.makepyfile(test_u=UNITS)
+    for name in ("a.json", "b.json"):
+        run_moeperf("--moeperf-report", name, "--moeperf-history", "off").assert_outcomes(passed=1)
+    shown = subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", "a.json", "b.json"],
+                           cwd=pytester.path, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "Name (time in us)" in shown and "test_lat::latency (a)" in shown and "100.5000" in shown, shown
+    assert "busbw" not in shown and "share" not in shown, shown
+
+    doc = json.loads((pytester.path / "a.json").read_text())
+    (latency,) = doc["benchmarks"]
+    assert latency["stats"]["median"] == pytest.approx(100.5e-6) and latency["extra_info"]["unit"] == "us"
+    expected = {"latency": ("us", 100.5, 0.5), "busbw": ("GB/s", 300.5, 0.5), "share": ("%", 12.5, 0.0)}
+    assert {m: (u, median) for _, m, u, _, median in benchmark_metrics(doc)} == {
+        m: (u, median) for m, (u, median, _) in expected.items()}  # exactly: as measured, no unit round trip
+    _, history = records_from_report(doc)
+    assert {r.name: (r.unit, r.median, r.iqr) for r in history} == expected
+
+    # a report written before (no report_schema): every metric in benchmarks, stats in its own unit
+    old = json.loads(json.dumps(doc))
+    old["benchmarks"] = [{**b, "stats": {**b["extra_info"].pop("metric_stats"), "rounds": b["stats"]["rounds"]}}
+                         for b in old["benchmarks"]] + old["moeperf"]["non_time_benchmarks"]
+    del old["moeperf"]["report_schema"], old["moeperf"]["non_time_benchmarks"]
+    assert benchmark_metrics(old) == benchmark_metrics(doc)
+    assert records_from_report(old)[1] == history
