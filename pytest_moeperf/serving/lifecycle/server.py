@@ -73,6 +73,7 @@ class LaunchedServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._started = 0.0
+        self.launched_at = 0.0  # epoch seconds of the launch: the server log's timestamps are wall-clock
         self._impostor = False  # another process answered /health on our port
 
     @property
@@ -94,6 +95,7 @@ class LaunchedServer:
             start_new_session=True,  # own process group: stop() reaches the engine workers too
         )
         self._started = time.monotonic()
+        self.launched_at = time.time()
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
         """Seconds from `start` until ``/health`` answered 200 from this server (its own session listens on the
