@@ -39,6 +39,7 @@ from pytest_moeperf.settings import Settings
 pytestmark = pytest.mark.serving
 
 PROMPTS = Path(__file__).parents[1] / "specdecode" / "prompts" / "repetitive.json"
+CHAT_CONCURRENCY = 2  # the chat window's clients (a captured CUDA-graph size of the GPU profiles)
 CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token), a tag, the template
 
 
@@ -171,4 +172,4 @@ def test_open_loop(
 
 
 def test_chat_closed_loop(served: Served, perf: PerfRecorder, moeperf_settings: Settings) -> None:
-    measure_and_record(served, perf, ClosedLoop(2), moeperf_settings, Endpoint.CHAT)
+    measure_and_record(served, perf, ClosedLoop(CHAT_CONCURRENCY), moeperf_settings, Endpoint.CHAT)

@@ -139,9 +139,9 @@ def parse_start(text: str, launched_at: float, healthy_s: float) -> StartLog:
     arch, engine, load = first(_ARCHITECTURE), first(_ENGINE_FIRST), first(_LOAD_START)
     init = first(_DURATIONS["engine_init"][0])
     spans = {"imports": (0.0, api, "the API server's first log line"),
-             "model_config": (api.at, arch, "a 'Resolved architecture' line"),
-             "engine_start": (arch.at if arch else None, engine, "an 'Initializing a V1 LLM engine' line"),
-             "engine_setup": (engine.at if engine else None, load, "a 'Starting to load model' line")}
+             "model_config": (api.at, arch, "'Resolved architecture' line"),
+             "engine_start": (arch.at if arch else None, engine, "'Initializing a V1 LLM engine' line"),
+             "engine_setup": (engine.at if engine else None, load, "'Starting to load model' line")}
     for phase, (start, end, what) in spans.items():
         if start is None:
             missing[phase] = "the phase before it is missing from the server log"

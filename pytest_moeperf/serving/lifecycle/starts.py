@@ -23,6 +23,7 @@ from pytest_moeperf.serving.lifecycle import caches
 from pytest_moeperf.serving.lifecycle.pinning import pin_server
 from pytest_moeperf.serving.lifecycle.server import LaunchedServer
 from pytest_moeperf.serving.lifecycle.startlog import StartLog, parse_start
+from pytest_moeperf.serving.models.graphs import capture_sizes
 from pytest_moeperf.serving.models.placement import (
     AUTO,
     MIN_AUTO_CPUS,
@@ -48,11 +49,12 @@ class StartInfo:
     placement: str = OFF  # what the context says: "off", the CPU lists, or why none was applied
     bytecode: str = ""
     caches: str = ""
+    graphs_asked: str = "vLLM's default"  # the capture sizes the profile asked for (`graphs`)
 
     def context(self) -> dict[str, JSONScalar]:
         """The settings a start's (and its windows') figures depend on, for the test's context."""
         facts: dict[str, JSONScalar] = {"compile_cache": self.log.compile_cache, **self.log.facts,
-                                        "cpu_placement": self.placement}
+                                        "cudagraph_sizes_asked": self.graphs_asked, "cpu_placement": self.placement}
         if self.bytecode:
             facts["bytecode"] = self.bytecode
         if self.caches:
@@ -154,8 +156,10 @@ class StartKit:
                 sets, placement = None, f"off: pinning failed: {exc}"
         if placement not in (OFF,):
             log.info("%s: CPU placement %s", profile.name, placement)
+        asked = capture_sizes(profile.cudagraph_batches, profile.speculative_tokens)
         return StartInfo(log=phases, cpusets=sets, placement=placement, bytecode=self.bytecode_note,
-                         caches=self.cache_owner(profile))
+                         caches=self.cache_owner(profile),
+                         graphs_asked=",".join(map(str, asked)) if asked else "vLLM's default")
 
     def cache_owner(self, profile: ServeProfile) -> str:
         """Whose ``VLLM_CACHE_ROOT`` the server used, for the context (not the path: it differs between hosts)."""

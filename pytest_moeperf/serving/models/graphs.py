@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["GRAPH_FLAGS", "capture_args", "capture_sizes", "conflicting_flags", "decode_tokens"]
+__all__ = ["GRAPH_FLAGS", "capture_args", "capture_sizes", "conflicting_flags", "decode_tokens",
+           "default_capture_sizes"]
 
 #: vLLM options that also decide the captured sizes (or that there are none): a profile that sets them and
 #: ``cudagraph_batches`` says two things at once
@@ -32,6 +33,20 @@ def decode_tokens(sequences: int, speculative_tokens: int) -> int:
 def capture_sizes(batches: Iterable[int], speculative_tokens: int) -> tuple[int, ...]:
     """The CUDA-graph capture sizes (tokens) of decode steps of ``batches`` sequences, ascending."""
     return tuple(sorted({decode_tokens(b, speculative_tokens) for b in batches}))
+
+
+def default_capture_sizes(max_num_seqs: int, speculative_tokens: int) -> tuple[int, ...]:
+    """vLLM 0.26's own list (``VllmConfig._set_cudagraph_sizes``; a speculating profile's sizes rounded up to
+    multiples of ``1 + speculative_tokens``, ``adjust_cudagraph_sizes_for_spec_decode``), for
+    ``max_num_batched_tokens`` >= 512: what a profile without ``cudagraph_batches`` captures."""
+    query = 1 + speculative_tokens
+    largest = min(max_num_seqs * query * 2, 512)
+    sizes = [s for s in (1, 2, 4) if s <= largest] + list(range(8, min(largest + 1, 256), 8))
+    sizes += list(range(256, largest + 1, 16))
+    if query > 1:
+        sizes = [-(-s // query) * query for s in sizes]
+        sizes = [s for s in sizes if s <= largest]
+    return tuple(sorted(set(sizes)))
 
 
 def capture_args(batches: Sequence[int], speculative_tokens: int) -> list[str]:
