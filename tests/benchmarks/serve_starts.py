@@ -201,7 +201,8 @@ def main() -> int:
         try:
             assert served.start is not None and served.startup_s is not None
             info = served.start
-            print(f"start {i + 1}: {key or 'setting'}={value} healthy after {served.startup_s:.1f} s, compile cache "
+            knob = f"{key}={value}, " if key else ""
+            print(f"start {i + 1}: {knob}healthy after {served.startup_s:.1f} s, compile cache "
                   f"{info.log.compile_cache}: " + ", ".join(f"{k} {v:.1f}" for k, v in info.log.seconds.items()),
                   flush=True)
             measured = [window(served, c, n, args) for c, n in windows]
@@ -211,12 +212,13 @@ def main() -> int:
         finally:
             server.stop()
             with log_out.open("a") as f:
-                f.write(f"===== start {i + 1} ({key}={value}) {server.log_path}\n")
+                f.write(f"===== start {i + 1} ({key}={value}) launched at {server.launched_at:.3f} "
+                        f"(epoch s), {server.log_path}\n")
                 f.write(server.log_path.read_text(errors="replace"))
-        run["starts"].append({"index": i + 1, "setting": f"{key}={value}" if key else "-", "startup_s":
-                              served.startup_s, "compile_cache": info.log.compile_cache, "phases":
-                              dict(info.log.seconds), "missing": dict(info.log.missing), "context": info.context(),
-                              "windows": measured})
+        run["starts"].append({"index": i + 1, "setting": f"{key}={value}" if key else "-",
+                              "startup_s": served.startup_s, "launched_at": server.launched_at,
+                              "compile_cache": info.log.compile_cache, "phases": dict(info.log.seconds),
+                              "missing": dict(info.log.missing), "context": info.context(), "windows": measured})
         run["summary"] = summary(run["starts"], windows)
         (args.out / "serve_starts.json").write_text(json.dumps(run, indent=1, sort_keys=True))
         (args.out / "serve_starts.md").write_text(markdown(run))
