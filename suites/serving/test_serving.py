@@ -147,6 +147,7 @@ def measure_and_record(
         workload=sized_workload(workload, settings.window_requests),
         server_pids=",".join(map(str, served.server_pids)) or None,
     )
+    perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     # the engine's TPOT tells a window whose answers arrived in bursts from a fast one: seen in a clean-clone CI
     # run, chat closed loop on 2 cores, client TTFT 31 -> 401 ms = E2EL with TPOT 0.013 ms, every answer in >= 3
     # chunks (a role chunk, the text, the finish), so the chunk count alone did not see it; the engine's TTFT tells

@@ -127,3 +127,15 @@ def test_timestamps_without_a_year_across_new_year() -> None:
     launched = time.mktime(time.strptime("2026-12-31 23:59:50", "%Y-%m-%d %H:%M:%S"))
     (line,) = parse_lines(_line("APIServer", "00:00:05", "x.py:1", "hi").replace("12-02", "01-01"), launched)
     assert line.at == 15.0 and line.process == "APIServer"
+
+
+def test_a_windows_context_gets_the_settings_its_start_logged() -> None:
+    from pytest_moeperf.serving.lifecycle.starts import StartInfo
+
+    launched = time.mktime(time.strptime("2026-12-02 10:00:00", "%Y-%m-%d %H:%M:%S"))
+    start = StartInfo(log=parse_start(GPU_COLD, launched, healthy_s=77.5),
+                      placement="engine 0-7, api 8-11, client 12-15", graphs_asked="1,2,4,8,16,32,64")
+    assert start.settings() == {"async_scheduling": "enabled", "cpu_placement": "engine 0-7, api 8-11, client 12-15",
+                                "cudagraph_capture_sizes": "1,2,4,8,16,32,64"}
+    # vLLM printed no sizes (it leaves unset fields out of its config line): the sizes asked stand in
+    assert StartInfo(graphs_asked="4,8").settings()["cudagraph_capture_sizes"] == "4,8"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_moeperf.ledger import JSONScalar
 from pytest_moeperf.serving.analysis.arbiter import EngineFigures, engine_figures
 from pytest_moeperf.serving.analysis.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
 from pytest_moeperf.serving.analysis.metrics import Slo
@@ -112,6 +113,11 @@ class Served:
             liveness=self.server.check_alive,
             progress=progress,
         )
+
+    def start_settings(self) -> dict[str, JSONScalar]:
+        """The settings of this server's start that its windows' figures depend on (`StartInfo.settings`); none for an
+        attached server."""
+        return self.start.settings() if self.start is not None else {}
 
     def fresh_seed(self) -> int:
         """A seed no earlier window of this server used (``first_seed``, then the next, … in the order asked): random

@@ -51,6 +51,13 @@ class StartInfo:
     caches: str = ""
     graphs_asked: str = "vLLM's default"  # the capture sizes the profile asked for (`graphs`)
 
+    def settings(self) -> dict[str, JSONScalar]:
+        """What a window's figures depend on beside the workload, for its context: async scheduling as vLLM logged it,
+        the captured CUDA-graph sizes (as logged, else as asked), the CPU placement."""
+        facts = self.log.facts
+        return {"async_scheduling": facts.get("async_scheduling"), "cpu_placement": self.placement,
+                "cudagraph_capture_sizes": facts.get("cudagraph_capture_sizes", self.graphs_asked)}
+
     def context(self) -> dict[str, JSONScalar]:
         """The settings a start's (and its windows') figures depend on, for the test's context."""
         facts: dict[str, JSONScalar] = {"compile_cache": self.log.compile_cache, **self.log.facts,
