@@ -11,11 +11,11 @@ first start: the spread is computed over the warm starts of each setting. Everyt
 ``serve_starts.md`` (the phase table per start, the spread per setting), ``serve_starts.log`` (every start's server
 log, one after another). A short table is printed last.
 
-    # on 1x H200 (~60 s a start, ~20 s of windows): one ≤10-minute call
-    python tests/benchmarks/serve_starts.py --profile gpu-tiny-tp1-nospec --starts 7 --vary cpu_placement=off,auto \\
+    # on 1x H200 (vLLM carried in /tmp/site; est. 50-80 s a start, ~20 s of windows): one ≤10-minute call
+    PYTHONPATH=/tmp/site:. python tests/benchmarks/serve_starts.py --profile gpu-tiny-tp1-nospec --starts 7 --vary cpu_placement=off,auto \\
         --deadline 540 --out $OUT
     # on the CPU box (2 minutes a start)
-    python tests/benchmarks/serve_starts.py --profile cpu-tiny-nospec --starts 2 --window 1:8 --window 4:16 \\
+    PYTHONPATH=. .tox/tests/bin/python tests/benchmarks/serve_starts.py --profile cpu-tiny-nospec --starts 2 --window 1:8 --window 4:16 \\
         --input-len 128 --output-len 64 --out /tmp/starts
 
 Spread: max/min and the robust CV (1.4826 x MAD / median) of the server's own mean TPOT (``/metrics``) and of the
@@ -150,6 +150,23 @@ def markdown(run: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def short(run: dict[str, Any]) -> str:
+    """The last thing printed: each start's total and cache state, and the TPOT spread per setting."""
+    lines = ["start  setting              cache     total s  " + "  ".join(f"engine TPOT c={c:<3}" for c, _ in
+                                                                         run["windows"])]
+    for s in run["starts"]:
+        tpot = [next((w["engine_tpot_ms"] for w in s["windows"] if w["concurrency"] == c), None) for c, _ in
+                run["windows"]]
+        lines.append(f"{s['index']:>5}  {s['setting']:<20} {s['compile_cache'] or '?':<8} {s['startup_s']:>8.1f}  "
+                     + "  ".join(f"{t:>16.3f}" if t else f"{'-':>16}" for t in tpot))
+    lines.append("spread over starts   setting              c    figure               n  max/min  robust CV")
+    lines += [f"{'':<20} {r['setting']:<20} {r['concurrency']:<4} {r['figure']:<20} {r['n']:>2}  "
+              f"{r['max_over_min']:>7.3f}  {r['robust_cv'] * 100:>8.1f} %" for r in run["summary"]
+              if r["n"] > 1 and r["figure"] in ("engine_tpot_ms", "client_tpot_median_ms") and r["max_over_min"]
+              and r["robust_cv"] is not None]
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="gpu-tiny-tp1-nospec")
@@ -226,7 +243,7 @@ def main() -> int:
     if not run["starts"]:
         print("serve_starts: no start fitted the deadline", file=sys.stderr)
         return 1
-    print(markdown(run))
+    print(f"wrote {args.out}/serve_starts.json, .md, .log\n" + short(run))
     return 0
 
 

@@ -35,6 +35,7 @@ from pytest_moeperf.serving.lifecycle.fit import (
 )
 from pytest_moeperf.serving.lifecycle.served import Served, vocab_size_of
 from pytest_moeperf.serving.lifecycle.server import (
+    HEALTH_POLL_S,
     AttachedServer,
     LaunchedServer,
     PortTaken,
@@ -291,7 +292,7 @@ class ServerPool:
                             took[name] = seconds
                             del pending[name]
                     if pending:
-                        time.sleep(1.0)
+                        time.sleep(HEALTH_POLL_S)
             except BaseException:
                 for server in servers.values():
                     server.stop()  # interrupted while starting: leave nothing behind

@@ -166,7 +166,8 @@ class StartKit:
         asked = capture_sizes(profile.cudagraph_batches, profile.speculative_tokens)
         return StartInfo(log=phases, cpusets=sets, placement=placement, bytecode=self.bytecode_note,
                          caches=self.cache_owner(profile),
-                         graphs_asked=",".join(map(str, asked)) if asked else "vLLM's default")
+                         graphs_asked=",".join(map(str, asked)) if asked else
+                         "vLLM's default" if profile.device == "cuda" else "none")
 
     def cache_owner(self, profile: ServeProfile) -> str:
         """Whose ``VLLM_CACHE_ROOT`` the server used, for the context (not the path: it differs between hosts)."""
