@@ -1,13 +1,13 @@
 """What a server start reuses from earlier starts of the same vLLM build: compile caches and bytecode.
 
 **Compile caches** live under the project's cache (pytest's ``.pytest_cache/d/moeperf-vllm/<vLLM version>/``, beside
-the generated models) instead of the user's home: ``VLLM_CACHE_ROOT`` (vLLM's torch.compile cache, AOT artifacts
-and the Inductor cache inside them, its ``modelinfos`` cache of model-class inspections), ``TRITON_CACHE_DIR``
-(Triton kernels JIT-compiled at warm-up and graph capture) and ``TORCHINDUCTOR_CACHE_DIR``. One directory per vLLM
-version, shared by the profiles: vLLM keys its compiled graphs by a hash of the whole config (a profile's vLLM
-arguments and speculative config included), so profiles never share compiled graphs, while the model-info
-inspection (a subprocess that imports vLLM again, ~36 s of a CPU start here) is done once for all. A variable the
-user's environment or the profile sets wins.
+the generated models) instead of the user's home: ``VLLM_CACHE_ROOT`` (vLLM's torch.compile cache and AOT
+artifacts, its ``modelinfos`` cache of model-class inspections), ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR``
+(once vLLM compiles it points both into its compile cache itself; these cover what runs before, or without, it).
+One directory per vLLM version, shared by the profiles: vLLM keys its compiled graphs by a hash of the whole config
+(a profile's vLLM arguments and speculative config included), so profiles never share compiled graphs, while the
+model-info inspection (a subprocess that imports vLLM again: 33-36 s of a CPU start here) is done once for all. A
+variable the user's environment or the profile sets wins.
 
 **Bytecode**: vLLM's GPU wheels are installed with ``--no-compile`` (no ``.pyc``); with ``PYTHONDONTWRITEBYTECODE``
 set (it is, on the CPU box here) nothing is ever written, so every start compiles vLLM's modules again in each of
