@@ -1,7 +1,7 @@
 """The servers of a session on one box: at most what fits runs at once.
 
 A launched server occupies GPUs and a share of each one's memory (its ``--gpu-memory-utilization``); the shares
-on one GPU may sum to at most :data:`GPU_SHARE_BUDGET`. On CPU at most :data:`CPU_SERVERS` run at once: a
+on one GPU may sum to at most `fit.GPU_SHARE_BUDGET`. On CPU at most `fit.CPU_SERVERS` run at once: a
 reference and a candidate, so a speedup alternates windows on the same prompts instead of restarting servers
 (a vLLM CPU server takes 100-180 s to start on 2 cores; an idle one takes no measurable CPU). A profile that does
 not fit stops the least recently used servers until it does (``CUDA_VISIBLE_DEVICES`` pins each to its GPUs).
