@@ -12,11 +12,11 @@ first start: the spread is computed over the warm starts of each setting. Everyt
 log, one after another). A short table is printed last.
 
     # on 1x H200 (vLLM carried in /tmp/site; est. 50-80 s a start, ~20 s of windows): one ≤10-minute call
-    PYTHONPATH=/tmp/site:. python tests/benchmarks/serve_starts.py --profile gpu-tiny-tp1-nospec --starts 7 --vary cpu_placement=off,auto \\
-        --deadline 540 --out $OUT
+    PYTHONPATH=/tmp/site:. python tests/benchmarks/serve_starts.py --profile gpu-tiny-tp1-nospec --starts 7 \\
+        --vary cpu_placement=off,auto --deadline 540 --out $OUT
     # on the CPU box (2 minutes a start)
-    PYTHONPATH=. .tox/tests/bin/python tests/benchmarks/serve_starts.py --profile cpu-tiny-nospec --starts 2 --window 1:8 --window 4:16 \\
-        --input-len 128 --output-len 64 --out /tmp/starts
+    PYTHONPATH=. .tox/tests/bin/python tests/benchmarks/serve_starts.py --profile cpu-tiny-nospec --starts 2 \\
+        --window 1:8 --window 4:16 --input-len 128 --output-len 64 --out /tmp/starts
 
 Spread: max/min and the robust CV (1.4826 x MAD / median) of the server's own mean TPOT (``/metrics``) and of the
 client's median and mean TPOT per window. Results: docs/measurements/starts.md.
