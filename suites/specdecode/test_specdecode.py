@@ -146,6 +146,7 @@ def test_decode(
     """TPOT, ITL, TTFT and output throughput of the profile; acceptance figures when it speculates."""
     result = decode_window(served, concurrency, moeperf_settings)
     describe(perf, served.profile, concurrency, moeperf_settings.window_requests)
+    perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     tol = served.profile.tolerances
     check_failures(result.window.metrics)
     record_window_facts(perf, result, tol)  # the warm pass's cost and the drift check, before anything is recorded
