@@ -20,7 +20,7 @@ from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.shift import Family, family_views, in_moved_families, shift_notes, shift_sections
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, Verdict, missing
-from pytest_moeperf.ledger import Ledger, Measurement, suite_of
+from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
 from pytest_moeperf.machine.provenance import git_commit_info
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
@@ -79,15 +79,29 @@ class Conclusion:
         # a degenerate window records what it can: its test's other metrics say why the rest is not there
         windows = {r.metric.test_id: r.verdict.reason for r in self.ledger.records.values()
                    if r.verdict is not None and "window: " in r.verdict.reason}
+        states: dict[str, set[Any]] = {}  # the exclusive states (`ledger.STATE`) each test measured this run
+        for r in self.ledger.records.values():
+            if r.metric.context.get(STATE) is not None:
+                states.setdefault(r.metric.test_id, set()).add(r.metric.context[STATE])
+        others: list[str] = []
         for nodeid, why in sorted(self.ledger.tests.items()):
             try:
                 entries = self.store.entries_of(nodeid)
             except BaselineError:
                 continue  # the tests that need it failed, naming the file
             for e in entries:
-                if e.key not in measured and e.key not in self.ledger.missing:
-                    self.ledger.missing[e.key] = missing(e.key, e.name, e.unit, e.better, e.reference().value,
-                                                         why or windows.get(nodeid, "not recorded this run"))
+                if e.key in measured or e.key in self.ledger.missing:
+                    continue
+                stored = e.context.get(STATE)
+                if stored is not None and states.get(nodeid) and stored not in states[nodeid]:
+                    others.append(f"{e.key} ({stored})")  # another state's metric: this run measured its own
+                    continue
+                self.ledger.missing[e.key] = missing(e.key, e.name, e.unit, e.better, e.reference().value,
+                                                     why or windows.get(nodeid, "not recorded this run"))
+        if others:
+            self.ledger.notes.append(f"{len(others)} baselined metric(s) of another state than this run measured "
+                                     f"(context '{STATE}') are not expected, not MISSING: {', '.join(others[:4])}"
+                                     f"{' …' if len(others) > 4 else ''}")
 
     def check_fingerprints(self) -> None:
         """Warn (strict: fail) when the baselines cannot be this machine's: another fingerprint hash in a suite's

@@ -23,6 +23,10 @@ JSONScalar = str | int | float | bool | None
 LEDGER_SCHEMA = 1
 #: the context key that names what a test measured (e.g. a serving window's requests): part of its metrics' identity
 WORKLOAD = "workload"
+#: the context key that names which of several exclusive states a metric belongs to (e.g. a server start's compile
+#: cache, ``cold`` or ``warm``): a test that measured one state this run is not expected to measure the other's
+#: metrics, so their baselines are not MISSING (the summary notes them)
+STATE = "state"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_moeperf.judging.thresholds import fraction_hint
 from pytest_moeperf.serving.models.graphs import capture_args, conflicting_flags
 from pytest_moeperf.serving.models.placement import AUTO, OFF, ROLES, parse_cpu_list
 from pytest_moeperf.store.files import FileFormatError, read_json_object
@@ -288,7 +289,7 @@ def _from_json(path: Path) -> ServeProfile:
             min_acceptance_length=_opt_float(path, th, "min_acceptance_length"),
             min_speedup=_opt_float(path, th, "min_speedup"),
         ),
-        tolerances=Tolerances(**{name: _opt_float(path, tol, name) for name in TOLERANCE_FIELDS}),
+        tolerances=Tolerances(**{name: _fraction(path, tol, name) for name in TOLERANCE_FIELDS}),
         startup_timeout_s=None if timeout is None else float(timeout),
         description=get("description", str, ""),
         requests=get("requests", int, None),
@@ -354,6 +355,15 @@ def _refuse_bind_options(path: Path, args: Sequence[str]) -> None:
                 f"{path}: field 'vllm_args': {arg!r} is not allowed: moeperf binds the server to 127.0.0.1 on a "
                 f"port it chooses, and {', '.join(BIND_OPTIONS)} (a --config file can set them) would move it"
             )
+
+
+def _fraction(path: Path, table: Mapping[str, Any], key: str) -> float | None:
+    """A tolerance of the profile: a positive fraction below 1 (2 is more likely 2 % than 200 %)."""
+    value = _opt_float(path, table, key)
+    hint = None if value is None else fraction_hint(value)
+    if hint is not None:
+        raise ProfileError(f"{path}: tolerance {key!r}: {hint}")
+    return value
 
 
 def _opt_float(path: Path, table: Mapping[str, Any], key: str) -> float | None:
