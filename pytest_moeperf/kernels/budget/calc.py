@@ -99,6 +99,8 @@ class Budget:
     rows: tuple[BudgetRow, ...]
     total_us: float
     missing: tuple[str, ...]  # ops with no time at all (the total leaves them out)
+    #: why the step is shown without its all-reduces ("" when they are in it, or TP=1 has none)
+    without_allreduce: str = ""
 
     @property
     def allreduce_share_pct(self) -> float | None:
@@ -298,6 +300,7 @@ def build_budget(
     device: DeviceSpec | None = None,
     allreduce_source: str = "",
     routed_impl: str | None = None,
+    without_allreduce: str = "",
 ) -> Budget:
     """The decode-step budget of ``spec`` at ``tp`` and ``batch``.
 
@@ -307,7 +310,9 @@ def build_budget(
     already covers every expert the batch touches); others by :data:`DENSE_PREFERENCE`. Without a piece, and with
     a ``device`` whose bandwidth is known, a roofline floor estimate labelled as such; otherwise the row has no
     time and the op is listed in ``Budget.missing``. The all-reduce row uses ``allreduce`` (µs, or measured
-    points by size). Shares are of the total of rows with a time.
+    points by size). Shares are of the total of rows with a time. ``allreduce=None`` with ``without_allreduce``
+    (why: :func:`~pytest_moeperf.kernels.budget.sources.choose_allreduce`) shows the step without its all-reduces,
+    on purpose; without a reason the all-reduce is missing like any op with no time.
 
     ``routed_impl`` picks the routed experts' implementation instead of the preference order; ``"floor"`` takes the
     bandwidth-floor estimate (a stand-in for a deployed kernel that was not measured).
@@ -318,7 +323,9 @@ def build_budget(
     raw, missing = _gemm_rows(spec, tp, batch, own + _same_shape(spec, tp, own, pieces), device, routed_impl)
     ar = allreduces_per_step(spec, tp, batch)
     if ar.count:
-        if allreduce is None:
+        if allreduce is None and without_allreduce:
+            raw.append(("all-reduce", f"{ar.bytes_each} B", ar.count, None, f"left out: {without_allreduce}"))
+        elif allreduce is None:
             raw.append(("all-reduce", f"{ar.bytes_each} B", ar.count, None, "no all-reduce latency given"))
             missing.append("all-reduce")
         elif isinstance(allreduce, (int, float)):
@@ -334,15 +341,6 @@ def build_budget(
         for comp, op, count, each, src in raw
     ]
     rows.append(BudgetRow("not modelled", NOT_MODELLED, 0, None, None, None, "not measured by these suites"))
-    return Budget(spec.name, tp, batch, tuple(rows), total, tuple(missing))
+    return Budget(spec.name, tp, batch, tuple(rows), total, tuple(missing),
+                  without_allreduce if ar.count and allreduce is None else "")
 
-
-def assemble(spec: ModelSpec, tp: int, batch: int, pieces: Sequence[Piece], points: Sequence[AllReducePoint],
-             allreduce_us: float | None, device: DeviceSpec | None, routed_impl: str | None = None) -> Budget:
-    """:func:`build_budget` with a given all-reduce latency (``allreduce_us``) or else the measured points
-    (:func:`select_points` for ``tp``)."""
-    if allreduce_us is not None:
-        return build_budget(spec, tp, batch, pieces, allreduce_us, device=device,
-                            allreduce_source="given (--allreduce-us)", routed_impl=routed_impl)
-    world = select_points(points, tp)
-    return build_budget(spec, tp, batch, pieces, world or None, device=device, routed_impl=routed_impl)
