@@ -28,7 +28,7 @@ def _traced(records: list[Any], path: Path, batch: int) -> MeasuredStep:
     found = [Attribution.from_json(r) for r in records]
     match = [a for a in found if a.batch == batch]
     if not match:
-        raise ValueError(f"{path}: no attribution at batch {batch} (batches: "
+        raise ValueError(f"no attribution at batch {batch} (batches: "
                          f"{', '.join(str(a.batch) for a in found) or 'none'})")
     a = match[0]
     return MeasuredStep(a.step_us, batch, f"{path.name} ({a.device} trace, {a.steps} steps, {Path(a.source).name})",
@@ -44,11 +44,11 @@ def _served(document: Any, path: Path, batch: int, profile: str | None) -> Measu
     if profile is not None:
         rows = [(ctx, m) for ctx, m in rows if ctx.get("profile") == profile]
     if not rows:
-        raise ValueError(f"{path}: no {ENGINE_TPOT} of a closed-loop completions window at {load}"
+        raise ValueError(f"no {ENGINE_TPOT} of a closed-loop completions window at {load}"
                          + (f" for profile {profile!r}" if profile else "")
                          + f" (profiles with one: {', '.join(profiles) or 'none'})")
     if len({str(ctx.get("profile")) for ctx, _ in rows}) > 1:
-        raise ValueError(f"{path}: {load} windows of several profiles ({', '.join(profiles)}): name one with "
+        raise ValueError(f"{load} windows of several profiles ({', '.join(profiles)}): name one with "
                          "--measured-profile")
     ctx, median = rows[0]
     tp = int(ctx.get("tp") or 1)
@@ -67,11 +67,13 @@ def measured_steps(paths: list[Path], batch: int, profile: str | None = None
             document = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ValueError(f"--measured {path}: {exc}") from None
-        if isinstance(document, list):
-            traced = traced or _traced(document, path, batch)
-        elif isinstance(document, dict) and "benchmarks" in document:
-            served = served or _served(document, path, batch, profile)
-        else:
-            raise ValueError(f"--measured {path}: neither a `moeperf attribute --json` list nor a moeperf JSON "
-                             "report")
+        try:
+            if isinstance(document, list):
+                traced = traced or _traced(document, path, batch)
+            elif isinstance(document, dict) and "benchmarks" in document:
+                served = served or _served(document, path, batch, profile)
+            else:
+                raise ValueError("neither a `moeperf attribute --json` list nor a moeperf JSON report")
+        except ValueError as exc:
+            raise ValueError(f"--measured {path}: {exc}") from None
     return traced, served

@@ -112,7 +112,9 @@ def versus(budget: Budget, traced: MeasuredStep | None, served: MeasuredStep | N
     for name, components, trace_name in GEMM_PARTS:
         modelled = _sum(budget, components)
         compared += modelled or 0.0
-        parts.append(Part(name, modelled, comp.get(trace_name) if traced else None))
+        gaps = [r.op for r in budget.rows if r.component in components and r.total_us is None]
+        parts.append(Part(name, modelled, comp.get(trace_name) if traced else None,
+                          f"budget incomplete: no time for {', '.join(gaps)}" if gaps else ""))
     ar_row = next((r for r in budget.rows if r.component == "all-reduce"), None)
     if ar_row is not None:
         if runs_ar and ar_row.total_us is not None:
