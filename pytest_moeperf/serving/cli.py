@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from pytest_moeperf.serving.profiles import DEFAULT_DIR as DEFAULT_PROFILES
+from pytest_moeperf.serving.models.profiles import DEFAULT_DIR as DEFAULT_PROFILES
 from pytest_moeperf.settings.checks import describe, number_in, output_path
 
 __all__ = ["main_serve"]
@@ -50,9 +50,9 @@ def main_serve(argv: Sequence[str] | None = None) -> int:
     """0: served until interrupted; 2: bad profile, refused emulation, or the server did not come up."""
     from pytest_moeperf.attribution.window import profiler_args
     from pytest_moeperf.machine import emulation, probe
-    from pytest_moeperf.serving.pool import ServerPool, ServeSkip
-    from pytest_moeperf.serving.profiles import ProfileError, load_profile_dirs
-    from pytest_moeperf.serving.server import ServerDied, ServerStartError
+    from pytest_moeperf.serving.lifecycle.pool import ServerPool, ServeSkip
+    from pytest_moeperf.serving.lifecycle.server import ServerDied, ServerStartError
+    from pytest_moeperf.serving.models.profiles import ProfileError, load_profile_dirs
 
     args = _parser().parse_args(list(argv) if argv is not None else None)
 

@@ -3,19 +3,19 @@
 Latencies are lower-better: TTFT, TPOT and E2EL as per-request samples in ms (their median is judged) and ITL
 as vLLM's pooled mean (a single value: the server coalesces tokens into one SSE chunk when its output loop lags,
 so the pooled ITL median jumps between microseconds and milliseconds from run to run). A window whose stream
-coalesced (most answers in <= 2 chunks, :func:`~pytest_moeperf.serving.metrics.coalesced`) records neither client
-TPOT nor ITL: both collapse towards 0 there and would read as a speed-up. A window whose client TTFT is far above the
-engine's own (:func:`~pytest_moeperf.serving.metrics.delivery_delayed`: the first tokens were held up on their way to
-the client) timed the delivery. Either way the context says why (``client_timing``): only the `CLIENT_TIMED` metrics
-are INCONCLUSIVE, the engine's own TPOT and TTFT and the acceptance figures still stand. Throughputs (request,
-output, total token; goodput) and acceptance figures are higher-better. The failed-request rate is checked here
-directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and the error of every
-failed request is in the message.
+coalesced (most answers in <= 2 chunks, :func:`~pytest_moeperf.serving.analysis.metrics.coalesced`) records neither
+client TPOT nor ITL: both collapse towards 0 there and would read as a speed-up. A window whose client TTFT is far
+above the engine's own (:func:`~pytest_moeperf.serving.analysis.metrics.delivery_delayed`: the first tokens were held
+up on their way to the client) timed the delivery. Either way the context says why (``client_timing``): only the
+`CLIENT_TIMED` metrics are INCONCLUSIVE, the engine's own TPOT and TTFT and the acceptance figures still stand.
+Throughputs (request, output, total token; goodput) and acceptance figures are higher-better. The failed-request
+rate is checked here directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and
+the error of every failed request is in the message.
 
 `record_window` records a whole measured window: the cost of its warm pass and its drift check (a window that
-drifted makes its `CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.drift`), the latencies with the tail
-percentiles the window was sized for (`pytest_moeperf.serving.tails`), and the server's own figures as ``engine_*``
-metrics (`pytest_moeperf.serving.arbiter`), which stand whatever the client's clock saw.
+drifted makes its `CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.analysis.drift`), the latencies with
+the tail percentiles the window was sized for (`pytest_moeperf.serving.analysis.tails`), and the server's own figures
+as ``engine_*`` metrics (`pytest_moeperf.serving.analysis.arbiter`), which stand whatever the client's clock saw.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from pytest_moeperf.ledger import JSONScalar
-from pytest_moeperf.serving.arbiter import ENGINE_METRICS, EngineFigures
-from pytest_moeperf.serving.drift import check_drift, in_flight
-from pytest_moeperf.serving.loadgen import ClosedLoop, WindowResult
-from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
-from pytest_moeperf.serving.profiles import Tolerances
-from pytest_moeperf.serving.served import Served, SpecWindow
-from pytest_moeperf.serving.specdecode import AcceptanceStats
-from pytest_moeperf.serving.tails import tail_bound, tail_names
+from pytest_moeperf.serving.analysis.arbiter import ENGINE_METRICS, EngineFigures
+from pytest_moeperf.serving.analysis.drift import check_drift, in_flight
+from pytest_moeperf.serving.analysis.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
+from pytest_moeperf.serving.analysis.specdecode import AcceptanceStats
+from pytest_moeperf.serving.analysis.tails import tail_bound, tail_names
+from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, WindowResult
+from pytest_moeperf.serving.models.profiles import Tolerances
 
 __all__ = [
     "CLIENT_TIMED",
@@ -51,7 +51,7 @@ __all__ = [
 #: what the client's clock measured: a window whose stream coalesced makes these INCONCLUSIVE. The engine's own
 #: TPOT and the acceptance counters come from the server's /metrics and still stand (seen: every spec-decode
 #: metric of 3 of 4 windows INCONCLUSIVE on a fast CI box, acceptance 5 % mde among them, before the scope)
-#: the tail percentiles a window may gate (`pytest_moeperf.serving.tails`)
+#: the tail percentiles a window may gate (`pytest_moeperf.serving.analysis.tails`)
 TAIL_PCTS = (90.0, 99.0)
 CLIENT_TIMED = ("ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "request_throughput", "output_throughput",
                 "total_token_throughput", "request_goodput", *tail_names(TAIL_PCTS))
@@ -221,7 +221,7 @@ def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances)
 
 
 def record_engine(perf: PerfRecorder, engine: EngineFigures, tol: Tolerances) -> None:
-    """The server's own means over the window (``engine_*``, `pytest_moeperf.serving.arbiter`)."""
+    """The server's own means over the window (``engine_*``, `pytest_moeperf.serving.analysis.arbiter`)."""
     for name, value in engine.metrics().items():
         tolerance = tol.ttft if name == "engine_ttft_ms" else tol.latency
         perf.record(name, value, unit="ms", better="lower", tolerance=tolerance,

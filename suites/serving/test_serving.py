@@ -22,15 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, LoadShape, OpenLoop
-from pytest_moeperf.serving.metrics import Slo
+from pytest_moeperf.serving.analysis.metrics import Slo
+from pytest_moeperf.serving.analysis.tails import window_count
+from pytest_moeperf.serving.lifecycle.served import Served
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, Endpoint, LoadShape, OpenLoop
+from pytest_moeperf.serving.load.prompts import spread_outputs
+from pytest_moeperf.serving.load.warm import warm_count
+from pytest_moeperf.serving.models.profiles import ServeProfile
 from pytest_moeperf.serving.plugin import profile_params, profiles_for
-from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prompts import spread_outputs
 from pytest_moeperf.serving.recording import PerfRecorder, record_startup, record_window, sized_workload
-from pytest_moeperf.serving.served import Served
-from pytest_moeperf.serving.tails import window_count
-from pytest_moeperf.serving.warm import warm_count
 from pytest_moeperf.settings import Settings
 
 # A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from

@@ -259,7 +259,7 @@ def test_unknown_fingerprint_is_named(capsys: pytest.CaptureFixture[str], histor
 @pytest.fixture
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every case below must be refused before a server could start."""
-    from pytest_moeperf.serving.pool import ServerPool
+    from pytest_moeperf.serving.lifecycle.pool import ServerPool
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("moeperf serve got as far as starting a server")

@@ -13,22 +13,22 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
-from pytest_moeperf.serving.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
-from pytest_moeperf.serving.loadgen import (
+from pytest_moeperf.serving.analysis.arbiter import EngineFigures, engine_figures
+from pytest_moeperf.serving.analysis.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
+from pytest_moeperf.serving.analysis.metrics import Slo
+from pytest_moeperf.serving.analysis.prometheus import parse
+from pytest_moeperf.serving.analysis.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
+from pytest_moeperf.serving.lifecycle.server import AttachedServer, LaunchedServer, ServerDied, http_get
+from pytest_moeperf.serving.load.loadgen import (
     Endpoint,
     LoadGenerator,
     LoadShape,
     Request,
     WindowResult,
 )
-from pytest_moeperf.serving.metrics import Slo
-from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prometheus import parse
-from pytest_moeperf.serving.prompts import prompt_set_requests, random_token_requests
-from pytest_moeperf.serving.server import AttachedServer, LaunchedServer, ServerDied, http_get
-from pytest_moeperf.serving.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
-from pytest_moeperf.serving.warm import ALREADY_WARM, NOT_ASKED, ShapeKey, WarmPass, shape_key
+from pytest_moeperf.serving.load.prompts import prompt_set_requests, random_token_requests
+from pytest_moeperf.serving.load.warm import ALREADY_WARM, NOT_ASKED, ShapeKey, WarmPass, shape_key
+from pytest_moeperf.serving.models.profiles import ServeProfile
 
 __all__ = ["Served", "SpecWindow"]
 
@@ -40,14 +40,14 @@ Server = LaunchedServer | AttachedServer
 @dataclass(frozen=True)
 class SpecWindow:
     """A measured window; for a speculative server, the acceptance over that same window; the server's own figures
-    over it (`pytest_moeperf.serving.arbiter`: TTFT, TPOT, ITL, E2EL and queue means, the tokens it counted); and the
-    unmeasured pass that warmed the server before it (`pytest_moeperf.serving.warm`)."""
+    over it (`pytest_moeperf.serving.analysis.arbiter`: TTFT, TPOT, ITL, E2EL and queue means, the tokens it
+    counted); and the unmeasured pass that warmed the server before it (`pytest_moeperf.serving.load.warm`)."""
 
     window: WindowResult
     acceptance: AcceptanceStats | None
     engine: EngineFigures = EngineFigures()
     warm: WarmPass = WarmPass(0)
-    #: the kernel compiles the server logged while the window ran (`pytest_moeperf.serving.jit`)
+    #: the kernel compiles the server logged while the window ran (`pytest_moeperf.serving.analysis.jit`)
     compiles: Compiles = Compiles(checked=False)
 
     @property

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from pytest_moeperf.serving.ports import ADDRESS_IN_USE, free_port, session_listens
+from pytest_moeperf.serving.lifecycle.ports import ADDRESS_IN_USE, free_port, session_listens
 
 __all__ = ["AttachedServer", "LaunchedServer", "PortTaken", "ServerDied", "ServerStartError", "free_port", "http_get"]
 

@@ -32,7 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_moeperf.ledger import HealthReport
-from pytest_moeperf.serving.profiles import (
+from pytest_moeperf.serving.lifecycle.served import Served, vocab_size_of
+from pytest_moeperf.serving.lifecycle.server import (
+    AttachedServer,
+    LaunchedServer,
+    PortTaken,
+    ServerDied,
+    ServerStartError,
+    free_port,
+)
+from pytest_moeperf.serving.models.profiles import (
     KIMI_SHAPED,
     TARGETS,
     TINY_DRAFT,
@@ -40,15 +49,6 @@ from pytest_moeperf.serving.profiles import (
     TINY_MOE,
     ServeProfile,
     launch_blocker,
-)
-from pytest_moeperf.serving.served import Served, vocab_size_of
-from pytest_moeperf.serving.server import (
-    AttachedServer,
-    LaunchedServer,
-    PortTaken,
-    ServerDied,
-    ServerStartError,
-    free_port,
 )
 
 __all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "companions", "fixes_kv_cache",
@@ -211,7 +211,7 @@ class ServerPool:
         """The attached server's processes on this host (and those named), handed to the health gate as ours."""
         pids: tuple[int, ...] = ()
         if importlib.util.find_spec("psutil") is not None:
-            from pytest_moeperf.serving.attach import listening_pids
+            from pytest_moeperf.serving.lifecycle.attach import listening_pids
 
             pids, note = listening_pids(url)
             log.info("attached server at %s: %s%s", url, note, f" (pids {list(pids)})" if pids else "")
@@ -246,7 +246,7 @@ class ServerPool:
             self.stop(victims[0])
 
     def _generated(self, target: str) -> dict[str, str]:
-        from pytest_moeperf.serving.tinymodel import (
+        from pytest_moeperf.serving.models.tinymodel import (
             ensure_tiny_eagle3,
             ensure_tiny_model,
             kimi_rank_shaped_spec,
