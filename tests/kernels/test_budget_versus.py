@@ -105,7 +105,7 @@ def test_carried_to_the_users_box_gemms_scale_the_rest_stays_and_the_files_all_r
 
 
 def test_the_shape_check_tells_a_rank_shaped_model_from_the_stand_in() -> None:
-    from pytest_moeperf.serving.tinymodel import kimi_rank_shaped_spec
+    from pytest_moeperf.serving.models.tinymodel import kimi_rank_shaped_spec
 
     assert shape_mismatch(KIMI_K2_5, 8, KIMI_K2_5, 8) is None
     stand_in = spec_from_config(kimi_rank_shaped_spec(tp=1).config(), "kimi-shaped-tp1")
@@ -141,7 +141,7 @@ def test_budget_cli_sets_the_stored_h200_rank_step_beside_the_committed_h200_bas
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """End to end on stored data: the Kimi-shaped stand-in's traced b=1 step beside its budget from the committed
     1x-h200 GEMM baselines (its routed block is Kimi TP8's: the fused Marlin MoE piece moves to it)."""
-    from pytest_moeperf.serving.tinymodel import kimi_rank_shaped_spec
+    from pytest_moeperf.serving.models.tinymodel import kimi_rank_shaped_spec
 
     config = tmp_path / "kimi-shaped-tp1" / "config.json"
     config.parent.mkdir()

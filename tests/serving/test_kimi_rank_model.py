@@ -13,7 +13,7 @@ import pytest
 
 from pytest_moeperf.kernels.budget.versus import shape_mismatch
 from pytest_moeperf.kernels.models import KIMI_K2_5, spec_from_config, spec_from_config_file
-from pytest_moeperf.serving.kimirank import (
+from pytest_moeperf.serving.models.kimirank import (
     QUANT_IGNORE,
     KimiRankSpec,
     ensure_kimi_rank_model,
