@@ -99,3 +99,21 @@ def test_vllm_parses_the_quantization_and_gives_only_the_routed_experts_w4a16() 
         assert scheme["input_activations"] is None
     for name in NOT_EXPERTS:
         assert parsed.get_scheme_dict(torch.nn.Linear(2, 2), name) is None, name
+
+
+def test_the_rank_profile_serves_the_generated_rank_on_one_gpu_with_dummy_weights(tmp_path: Path) -> None:
+    from pytest_moeperf.serving.models.generated import generated_dirs
+    from pytest_moeperf.serving.models.profiles import load_profiles, workload_misfit
+
+    profile = load_profiles(Path(__file__).parents[2] / "suites" / "serving" / "profiles")["gpu-kimi-rank-tp1-nospec"]
+    assert (profile.model, profile.tp, profile.gpus_needed, profile.device) == ("kimi-k2.5-rank-tp8", 1, 1, "cuda")
+    dirs = generated_dirs(tmp_path, profile.model)
+    argv = profile.argv(dirs[profile.model], "127.0.0.1", 8000, dirs)
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert json.loads((Path(dirs[profile.model]) / "config.json").read_text())["vocab_size"] == 20480
+    sizes = json.loads(argv[argv.index("--compilation-config") + 1])["cudagraph_capture_sizes"]
+    assert {1, 8, 16, 64} <= set(sizes) and max(sizes) == int(argv[argv.index("--max-num-seqs") + 1]) == 64
+    assert profile.env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] == "uniform_random"
+    assert profile.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert 0.5 < profile.gpu_share < 0.9  # ~76 GB of weights on a 141 GB H200, below the pool's 0.9 budget
+    assert workload_misfit(profile, 1024, 320, "GPU workload") is None
