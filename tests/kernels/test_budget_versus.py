@@ -123,6 +123,8 @@ def test_measured_steps_are_read_from_attribution_json_and_serving_reports(tmp_p
         measured_steps([STORED], 32)
     with pytest.raises(ValueError, match="no engine_tpot_ms of a closed-loop completions window at c8"):
         measured_steps([report], 8)
+    at_8 = measured_steps([STORED, report], 8)  # the report has no c8 window: the trace's batch 8 alone
+    assert at_8[0] is not None and at_8[0].step_us == 2705.0 and at_8[1] is None
     other = _report(tmp_path / "two.json", 1.4, profile="gpu-tiny-tp1-nospec")
     data = json.loads(other.read_text())
     data["benchmarks"] += json.loads(report.read_text())["benchmarks"]

@@ -19,16 +19,20 @@ from pytest_moeperf.attribution.trace import Attribution
 from pytest_moeperf.kernels.budget.versus import MeasuredStep
 from pytest_moeperf.reports.document import benchmark_metrics
 
-__all__ = ["ENGINE_TPOT", "measured_steps"]
+__all__ = ["ENGINE_TPOT", "NoStepAtBatch", "measured_steps"]
 
 ENGINE_TPOT = "engine_tpot_ms"
+
+
+class NoStepAtBatch(ValueError):
+    """A readable file that holds no measured step at the batch asked for."""
 
 
 def _traced(records: list[Any], path: Path, batch: int) -> MeasuredStep:
     found = [Attribution.from_json(r) for r in records]
     match = [a for a in found if a.batch == batch]
     if not match:
-        raise ValueError(f"no attribution at batch {batch} (batches: "
+        raise NoStepAtBatch(f"no attribution at batch {batch} (batches: "
                          f"{', '.join(str(a.batch) for a in found) or 'none'})")
     a = match[0]
     return MeasuredStep(a.step_us, batch, f"{path.name} ({a.device} trace, {a.steps} steps, {Path(a.source).name})",
@@ -44,7 +48,7 @@ def _served(document: Any, path: Path, batch: int, profile: str | None) -> Measu
     if profile is not None:
         rows = [(ctx, m) for ctx, m in rows if ctx.get("profile") == profile]
     if not rows:
-        raise ValueError(f"no {ENGINE_TPOT} of a closed-loop completions window at {load}"
+        raise NoStepAtBatch(f"no {ENGINE_TPOT} of a closed-loop completions window at {load}"
                          + (f" for profile {profile!r}" if profile else "")
                          + f" (profiles with one: {', '.join(profiles) or 'none'})")
     if len({str(ctx.get("profile")) for ctx, _ in rows}) > 1:
@@ -59,9 +63,11 @@ def _served(document: Any, path: Path, batch: int, profile: str | None) -> Measu
 def measured_steps(paths: list[Path], batch: int, profile: str | None = None
                    ) -> tuple[MeasuredStep | None, MeasuredStep | None]:
     """``(traced, served)`` at ``batch`` from ``moeperf attribute --json`` files and serving reports (the first of
-    each kind that has the batch); ``ValueError`` naming the file when one cannot be read or holds no such step."""
+    each kind that has the batch; a file without that batch is passed over while another has it); ``ValueError``
+    naming the file when one cannot be read, or when none holds a step at ``batch``."""
     traced: MeasuredStep | None = None
     served: MeasuredStep | None = None
+    absent: list[str] = []
     for path in paths:
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
@@ -74,6 +80,10 @@ def measured_steps(paths: list[Path], batch: int, profile: str | None = None
                 served = served or _served(document, path, batch, profile)
             else:
                 raise ValueError("neither a `moeperf attribute --json` list nor a moeperf JSON report")
+        except NoStepAtBatch as exc:
+            absent.append(f"--measured {path}: {exc}")
         except ValueError as exc:
             raise ValueError(f"--measured {path}: {exc}") from None
+    if traced is None and served is None:
+        raise ValueError("; ".join(absent) or "--measured: no file given")
     return traced, served

