@@ -114,7 +114,7 @@ def test_the_target_topology_file_carries_its_own_figure(tmp_path: Path, capsys:
                   "8x-rtx-pro-6000-pcie")
     ar = next(line for line in out.splitlines() if line.startswith("| all-reduce | 14336 B"))
     assert "| 123 | 46.77 |" in ar and "topology file 8x-rtx-pro-6000-pcie.json" in ar
-    assert "0.515 x 11170 / 123" in ar  # the figure says where it came from
+    assert "0.515 x 11170 / 123" in ar and "stated nccl 8 ranks" in ar  # where it came from, and not 'measured'
     given = _budget(capsys, "--baselines", str(tmp_path), "--fingerprint", "1x-h200", "--topology",
                     "8x-rtx-pro-6000-pcie", "--allreduce-us", "12.5")
     assert "| 123 | 12.5 |" in given and "given (--allreduce-us)" in given

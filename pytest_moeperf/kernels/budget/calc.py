@@ -78,6 +78,7 @@ class AllReducePoint:
     world_size: int = 0
     source: str = ""
     mode: str = ""  # "graph" (CUDA graph replay), "eager", or "" when not said
+    how: str = "measured"  # or "stated": a figure a topology file carries for its box
 
 
 @dataclass(frozen=True)
@@ -151,14 +152,14 @@ def allreduce_latency(points: Sequence[AllReducePoint], nbytes: int) -> tuple[fl
     i = bisect.bisect_left(sizes, nbytes)
     if i < len(pts) and sizes[i] == nbytes:
         p = pts[i]
-        return p.time_us, f"measured {_label(p)} {p.bytes} B{_where(p.source)}"
+        return p.time_us, f"{p.how} {_label(p)} {p.bytes} B{_where(p.source)}"
     if 0 < i < len(pts):
         lo, hi = pts[i - 1], pts[i]
         f = (math.log(nbytes) - math.log(lo.bytes)) / (math.log(hi.bytes) - math.log(lo.bytes))
         t = math.exp(math.log(lo.time_us) + f * (math.log(hi.time_us) - math.log(lo.time_us)))
-        return t, f"interpolated {_label(lo)} {lo.bytes}-{hi.bytes} B{_where(lo.source)}"
+        return t, f"interpolated {lo.how} {_label(lo)} {lo.bytes}-{hi.bytes} B{_where(lo.source)}"
     p = pts[0] if i == 0 else pts[-1]
-    return p.time_us, f"nearest measured {_label(p)} size {p.bytes} B (clamped){_where(p.source)}"
+    return p.time_us, f"nearest {p.how} {_label(p)} size {p.bytes} B (clamped){_where(p.source)}"
 
 
 def _label(p: AllReducePoint) -> str:
@@ -191,8 +192,7 @@ def select_points(points: Sequence[AllReducePoint], tp: int,
     chosen = [p for p in usable if p.mode == mode]
     if world not in (0, tp):
         note = f"{world} ranks measured, TP={tp}"
-        chosen = [AllReducePoint(p.bytes, p.time_us, p.backend, p.world_size,
-                                 f"{p.source}; {note}" if p.source else note, p.mode) for p in chosen]
+        chosen = [dataclasses.replace(p, source=f"{p.source}; {note}" if p.source else note) for p in chosen]
     return chosen
 
 

@@ -116,7 +116,7 @@ def _candidates(args: argparse.Namespace, topo: Topology | None, points: list[Al
     target = topo.fingerprint.slug if topo is not None else measured_on
     if topo is not None and topo.allreduce:
         out.append(Candidate(f"topology file {Path(topo.source).name}", tuple(
-            AllReducePoint(f.bytes, f.us, f.backend, f.world, f.source, f.mode) for f in topo.allreduce)))
+            AllReducePoint(f.bytes, f.us, f.backend, f.world, f.source, f.mode, "stated") for f in topo.allreduce)))
     if label:
         refused = ""
         if topo is not None and measured_on is None:

@@ -18,6 +18,7 @@ set aside: never a TP=N step built from a CPU gloo figure or from fewer ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,9 +101,8 @@ def choose_allreduce(tp: int, candidates: Sequence[Candidate]) -> AllReduceChoic
         usable = [p for p in c.points if point_problem(p, tp) is None]
         set_aside += _set_aside(c, tp)
         if usable:
-            chosen = tuple(AllReducePoint(p.bytes, p.time_us, p.backend, p.world_size,
-                                          f"{c.label}; {p.source}" if p.source and p.source != c.label else c.label,
-                                          p.mode) for p in select_points(usable, tp))
+            chosen = tuple(dataclasses.replace(p, source=f"{c.label}; {p.source}" if p.source and p.source != c.label
+                                               else c.label) for p in select_points(usable, tp))
             return AllReduceChoice(source=c.label, points=chosen, set_aside=tuple(set_aside))
     held = "; ".join(set_aside) if set_aside else "no all-reduce measured"
     why = (f"no all-reduce figure for TP={tp} on {tp} GPUs ({held}); name one: --allreduce-us, a topology file with "

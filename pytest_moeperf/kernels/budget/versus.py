@@ -137,7 +137,7 @@ def versus(budget: Budget, traced: MeasuredStep | None, served: MeasuredStep | N
 
 
 def _us(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+    return "-" if value is None else f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def _ratio(budget: float | None, measured: float | None) -> str:
@@ -146,8 +146,8 @@ def _ratio(budget: float | None, measured: float | None) -> str:
 
 def versus_lines(v: Versus) -> list[str]:
     """Markdown: the parts, the steps, the share explained and what is left."""
-    rows = [(md_text(p.name), _us(p.budget_us), _us(p.measured_us), _ratio(p.budget_us, p.measured_us),
-             md_text(p.how)) for p in v.parts]
+    rows = [(p.name, _us(p.budget_us), _us(p.measured_us), _ratio(p.budget_us, p.measured_us), p.how)
+            for p in v.parts]
     if v.traced is not None:
         rows.append(("step (traced)", _us(v.budget_us), _us(v.traced.step_us), _ratio(v.budget_us, v.traced.step_us),
                      "budget: the rows above with a time"))
@@ -160,16 +160,16 @@ def versus_lines(v: Versus) -> list[str]:
     for label, step in (("served", v.served), ("traced", v.traced)):
         pct = v.explained_pct(step)
         if step is not None and pct is not None:
-            lines.append(f"The budget explains {pct:.1f} % of the {label} step ({v.budget_us:.4g} of "
-                         f"{step.step_us:.4g} us); left: {step.step_us - v.budget_us:.4g} us.")
+            lines.append(f"The budget explains {pct:.1f} % of the {label} step ({_us(v.budget_us)} of "
+                         f"{_us(step.step_us)} us); left: {_us(step.step_us - v.budget_us)} us.")
     if v.traced is not None and v.served is not None and v.served.step_us > 0:
         lines.append(f"Profiler inflation: traced step / served step = {v.traced.step_us / v.served.step_us:.3f}.")
     if v.traced is not None:
         left = [(p.name, p.measured_us) for p in v.parts if p.budget_us is None and p.measured_us]
         gemm_gap = sum((p.measured_us or 0.0) - (p.budget_us or 0.0) for p in v.parts
                        if p.budget_us is not None and p.measured_us is not None)
-        lines.append("What is left, from the trace: " + ", ".join(f"{n} {t:.4g} us" for n, t in left)
-                     + f"; measured minus modelled in the modelled parts {gemm_gap:+.4g} us.")
+        lines.append("What is left, from the trace: " + ", ".join(f"{n} {_us(t)} us" for n, t in left)
+                     + f"; measured minus modelled in the modelled parts {gemm_gap:+.0f} us.")
     lines += [f"- {md_text(n)}" for n in v.notes]
     return lines
 
@@ -181,7 +181,7 @@ def scaled(step: MeasuredStep, ratio: float, target: str, budget: Budget,
     its own: its GEMMs are taken from ``traced`` (the same server's trace), an estimate said so."""
     ar_row = next((r for r in budget.rows if r.component == "all-reduce"), None)
     ar_us = ar_row.total_us if ar_row is not None else None
-    ar_note = (f"all-reduce {ar_us:.4g} us a step added for {target}: {ar_row.source}" if ar_row and ar_us
+    ar_note = (f"all-reduce {_us(ar_us)} us a step added for {target}: {ar_row.source}" if ar_row and ar_us
                else f"no all-reduce added for {target}: {ar_row.source if ar_row else 'TP=1'}")
     scale_note = (f"GEMMs x{ratio:.3g} to {target} by datasheet bandwidth; attention core, other and GPU idle as "
                   "measured (latency-bound kernels and host time)")
