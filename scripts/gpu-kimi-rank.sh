@@ -6,7 +6,7 @@
 #   start 1  moeperf serve PROFILE with the profiler on; the serving suite attached to it (closed loops c=1, 16, 64,
 #            --moeperf-quick windows of 16 requests); moeperf attribute at batch 1 and 8; the server stopped
 #   start 2, 3  the serving suite launching the profile itself, --moeperf-rounds 2: a fresh server per round, its
-#            startup_s and the c=1 window (start-to-start spread: with start 1's c=1 window, three starts)
+#            startup_s and a c=1 window of 8 requests (start-to-start spread: with start 1's c=1 window, three starts)
 #   budget   moeperf budget for kimi-k2.5 TP=8 (the rank's shapes) at batch 1 and 8 from the committed 1x-h200 GEMM
 #            baselines, the measured step beside it (--measured), here and carried to 8x-rtx-pro-6000-pcie
 #
@@ -24,20 +24,23 @@ T0=$SECONDS
 mkdir -p "$OUT" "$W"
 left() { echo $(( DEADLINE - (SECONDS - T0) )); }
 note() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/notes.txt"; }
-moeperf() { "$PY" -m pytest_moeperf.cli "$@"; }
+moeperf() { "$PY" -m pytest_moeperf.cli "$@"; }  # foreground only
 PYTEST=("$PY" -m pytest -p no:cacheprovider -q -rs --moeperf-baselines "$W/baselines" --moeperf-history off)
 note "$(git log --oneline -1 2>/dev/null) profile $PROFILE; $("$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>&1 | tail -1)"
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader >> "$OUT/notes.txt" 2>&1
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader \
+  >> "$OUT/notes.txt" 2>&1
 
 # ---- start 1: serve with the profiler, windows attached, attribution, stop
 rm -rf "$W/traces" "$W/url" "$W/logs"
-moeperf serve "$PROFILE" --profiler-dir "$W/traces" --url-file "$W/url" --log-dir "$W/logs" --timeout 420 \
-  > "$W/serve.log" 2>&1 &
+# python itself in the background (not a function: $! is its pid); stopped with SIGTERM, since a background job of
+# a non-interactive shell starts with SIGINT ignored
+"$PY" -m pytest_moeperf.cli serve "$PROFILE" --profiler-dir "$W/traces" --url-file "$W/url" --log-dir "$W/logs" \
+  --timeout 420 > "$W/serve.log" 2>&1 &
 SERVE=$!
 while kill -0 $SERVE 2>/dev/null && [[ ! -s $W/url ]] && (( $(left) > 0 )); do sleep 2; done
 if [[ -s $W/url ]]; then
   URL=$(cat "$W/url"); note "start 1 healthy at $URL"
-  timeout $(( $(left) - 330 > 60 ? $(left) - 330 : 60 )) "${PYTEST[@]}" suites/serving --moeperf-server-url "$URL" \
+  timeout -s INT -k 30 $(( $(left) - 330 > 60 ? $(left) - 330 : 60 )) "${PYTEST[@]}" suites/serving --moeperf-server-url "$URL" \
     -k closed_loop --moeperf-quick --moeperf-window-requests 32 --moeperf-report "$W/serving-start1.json" \
     > "$W/serving-start1.log" 2>&1
   note "start 1 windows: rc=$? $(tail -1 "$W/serving-start1.log")"
@@ -48,16 +51,17 @@ if [[ -s $W/url ]]; then
 else
   note "start 1: no healthy server: $(tail -3 "$W/serve.log" | tr '\n' ' ')"
 fi
-kill -INT $SERVE 2>/dev/null; wait $SERVE 2>/dev/null
+kill -TERM $SERVE 2>/dev/null; wait $SERVE 2>/dev/null
 LOG=$(ls "$W"/logs/*.log 2>/dev/null | head -1)
-{ grep -E "Using .*(backend|MoE|Method|Marlin|MLA)|[Rr]outing|compil|CUDA graph|[Mm]odel loading took|KV cache|Available|init engine|rror" \
-    "$LOG" 2>/dev/null | cut -c1-400 | head -80; echo "--- serve.log"; tail -5 "$W/serve.log"; } > "$OUT/start1-server.txt"
+{ grep -E "Using .*(backend|MoE|Method|Marlin|MLA)|[Rr]outing|compil|CUDA graph|[Mm]odel loading took|KV cache (size|layout)|init engine|rror" \
+    "$LOG" 2>/dev/null | grep -v "loggers.py" | cut -c1-400 | head -80; echo "--- serve.log"; tail -5 "$W/serve.log"; } \
+  > "$OUT/start1-server.txt"
 
 # ---- starts 2 and 3: the suite launches the profile once per round; startup and the c=1 window
-if (( $(left) > 240 )); then
-  timeout $(( $(left) - 40 )) "${PYTEST[@]}" suites/serving -k "$PROFILE and (startup or c1)" --moeperf-rounds 2 \
-    --moeperf-quick --moeperf-window-requests 32 --moeperf-report "$W/serving-starts23.json" \
-    > "$W/serving-starts23.log" 2>&1
+if (( $(left) > 240 )); then  # each round: a fresh start (~100 s warm), then c=1 if its deadline allows
+  timeout -s INT -k 30 $(( $(left) - 40 )) "${PYTEST[@]}" suites/serving -k "$PROFILE and (startup or c1)" \
+    --moeperf-rounds 2 --moeperf-deadline $(( ($(left) - 60) / 2 > 150 ? ($(left) - 60) / 2 : 150 )) --moeperf-quick --moeperf-window-requests 16 \
+    --moeperf-report "$W/serving-starts23.json" > "$W/serving-starts23.log" 2>&1
   note "starts 2-3: rc=$? $(tail -1 "$W/serving-starts23.log")"
 else
   note "starts 2-3: skipped, $(left) s left"

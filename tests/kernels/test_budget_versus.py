@@ -41,11 +41,11 @@ def _traced(step: float, dense: float, routed: float, idle: float, ar: float = 0
 
 
 def _report(path: Path, tpot_ms: float, *, profile: str = "gpu-kimi-rank-tp1-nospec", load: str = "c1",
-            tp: int = 1) -> Path:
+            tp: int = 1, endpoint: str = "/v1/completions") -> Path:
     """A serving run's report with one engine_tpot_ms, through the report writer."""
     m = Measurement(f"suites/serving/test_serving.py::test_closed_loop[{profile}-{load}]", "engine_tpot_ms",
                     (tpot_ms,), "ms", "lower", context={"profile": profile, "load": load, "tp": tp,
-                                                        "endpoint": "completions"})
+                                                        "endpoint": endpoint})
     ledger = Ledger()
     ledger.add(Record(m, (Round(m.samples),)))
     ledger.decide(m.key, judge(m.key, m.name, m.unit, m.better, [m.samples], None, Threshold(0.05)))
@@ -123,6 +123,9 @@ def test_measured_steps_are_read_from_attribution_json_and_serving_reports(tmp_p
         measured_steps([STORED], 32)
     with pytest.raises(ValueError, match="no engine_tpot_ms of a closed-loop completions window at c8"):
         measured_steps([report], 8)
+    chat = _report(tmp_path / "chat.json", 2.0, endpoint="/v1/chat/completions")  # the chat window is c=1 too
+    with pytest.raises(ValueError, match="no engine_tpot_ms of a closed-loop completions window at c1"):
+        measured_steps([chat], 1)
     at_8 = measured_steps([STORED, report], 8)  # the report has no c8 window: the trace's batch 8 alone
     assert at_8[0] is not None and at_8[0].step_us == 2705.0 and at_8[1] is None
     other = _report(tmp_path / "two.json", 1.4, profile="gpu-tiny-tp1-nospec")

@@ -22,6 +22,8 @@ from pytest_moeperf.reports.document import benchmark_metrics
 __all__ = ["ENGINE_TPOT", "NoStepAtBatch", "measured_steps"]
 
 ENGINE_TPOT = "engine_tpot_ms"
+#: the ``endpoint`` context of a completions window (``serving.load.loadgen.Endpoint.COMPLETIONS``)
+COMPLETIONS = "/v1/completions"
 
 
 class NoStepAtBatch(ValueError):
@@ -36,14 +38,15 @@ def _traced(records: list[Any], path: Path, batch: int) -> MeasuredStep:
                          f"{', '.join(str(a.batch) for a in found) or 'none'})")
     a = match[0]
     return MeasuredStep(a.step_us, batch, f"{path.name} ({a.device} trace, {a.steps} steps, {Path(a.source).name})",
-                        True, a.component_us.get(ALL_REDUCE, 0.0) > 0, dict(a.component_us), a.idle_us)
+                        True, a.component_us.get(ALL_REDUCE, 0.0) > 0, dict(a.component_us), a.idle_us,
+                        idle_label=a.idle_label)
 
 
 def _served(document: Any, path: Path, batch: int, profile: str | None) -> MeasuredStep:
     load = f"c{batch}"
     rows = [(ctx, median) for _key, metric, unit, ctx, median in benchmark_metrics(document)
             if metric == ENGINE_TPOT and unit == "ms" and ctx.get("load") == load
-            and ctx.get("endpoint", "completions") == "completions"]
+            and ctx.get("endpoint", COMPLETIONS) == COMPLETIONS]
     profiles = sorted({str(ctx.get("profile")) for ctx, _ in rows})
     if profile is not None:
         rows = [(ctx, m) for ctx, m in rows if ctx.get("profile") == profile]

@@ -39,7 +39,6 @@ GEMM_PARTS: tuple[tuple[str, frozenset[str], str], ...] = (
 #: what the trace measures and the budget does not model
 UNMODELLED: tuple[tuple[str, str], ...] = (("attention core (KV-cache read)", ATTENTION),
                                            ("other: norms, rope, top-k, activation, sampling", OTHER))
-IDLE = "GPU idle (launch gaps)"
 #: components a bandwidth ratio carries to another box (decode GEMMs read their weights once)
 BANDWIDTH_BOUND = (DENSE, ROUTED)
 
@@ -57,6 +56,7 @@ class MeasuredStep:
     components: Mapping[str, float] = field(default_factory=dict)
     idle_us: float = 0.0
     notes: tuple[str, ...] = ()
+    idle_label: str = "GPU idle (launch gaps)"  # a CPU trace's: time outside any operator
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def versus(budget: Budget, traced: MeasuredStep | None, served: MeasuredStep | N
     for name, trace_name in UNMODELLED:
         parts.append(Part(name, None, comp.get(trace_name) if traced else None, "not modelled"))
     if traced is not None:
-        parts.append(Part(IDLE, None, traced.idle_us, "not modelled"))
+        parts.append(Part(traced.idle_label, None, traced.idle_us, "not modelled"))
     notes: list[str] = []
     for label, step in (("traced", traced), ("served", served)):
         if step is not None:
@@ -194,7 +194,7 @@ def scaled(step: MeasuredStep, ratio: float, target: str, budget: Budget,
         components[ALL_REDUCE] = ar_us or 0.0
         total = sum(components.values()) + step.idle_us
         return MeasuredStep(total, step.batch, f"{step.source}, carried to {target}", True, bool(ar_us),
-                            components, step.idle_us, (*step.notes, scale_note, ar_note))
+                            components, step.idle_us, (*step.notes, scale_note, ar_note), step.idle_label)
     total = step.step_us + (ratio - 1.0) * gemms + (ar_us or 0.0)
     return MeasuredStep(total, step.batch, f"{step.source}, carried to {target}", False, bool(ar_us), {}, 0.0,
                         (*step.notes, scale_note + " (the served step's GEMMs taken from its trace: an estimate)",
