@@ -15,6 +15,7 @@ from pytest_moeperf.kernels.budget.calc import (
     Budget,
     Piece,
     build_budget,
+    select_points,
 )
 from pytest_moeperf.kernels.budget.inputs import (
     family_allreduce,
@@ -165,6 +166,9 @@ def main_budget(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] 
         parser.error("--baselines needs --fingerprint SLUG")
     if args.fingerprint and args.baselines is None:
         parser.error("--fingerprint needs --baselines DIR")
+    if args.from_report is None and args.baselines is None:  # else a table of dashes that reads "0 us"
+        parser.error("give the measured numbers: --from-report PATH (a run's --moeperf-report) or --baselines DIR "
+                     "--fingerprint SLUG")
     if not args.measured and (args.measured_profile or args.measured_model):
         parser.error("--measured-profile and --measured-model need --measured FILE")
     try:
@@ -186,9 +190,16 @@ def main_budget(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] 
         if args.from_report is not None:
             pieces, points = _report(args.from_report)
             measured_on, label = report_slug(args.from_report), f"report {args.from_report.name}"
-        elif args.baselines is not None:
+            where = f"report {args.from_report}"
+        else:
             pieces, points = _baselines(args.baselines, args.fingerprint)
             measured_on, label = args.fingerprint, f"baselines {args.fingerprint}"
+            where = label
+        own = build_budget(spec, tp, args.batch, pieces, select_points(points, tp) or None,
+                           routed_impl=args.routed_impl)
+        if all(row.each_us is None for row in own.rows):  # estimates and --allreduce-us alone model nothing
+            raise ValueError(f"{where} holds no measured GEMM (metric 'time', us) or all-reduce (metric "
+                             f"'latency_<mode>', us) of {spec.name} at TP {tp}: nothing to model")
         choice = choose_allreduce(tp, _candidates(args, topo, points, measured_on, label))
         allreduce = choice.fixed_us if choice.fixed_us is not None else (choice.points or None)
         budget = build_budget(spec, tp, args.batch, pieces, allreduce, device=device, allreduce_source=choice.source,
