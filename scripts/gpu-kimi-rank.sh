@@ -60,7 +60,9 @@ LOG=$(ls "$W"/logs/*.log 2>/dev/null | head -1)
 # ---- starts 2 and 3: the suite launches the profile once per round; startup and the c=1 window
 if (( $(left) > 240 )); then  # each round: a fresh start (~100 s warm), then c=1 if its deadline allows
   timeout -s INT -k 30 $(( $(left) - 40 )) "${PYTEST[@]}" suites/serving \
-    -k "$PROFILE and (startup or (closed_loop and c1 and not c16))" --moeperf-rounds 2 --moeperf-deadline $(( ($(left) - 60) / 2 > 150 ? ($(left) - 60) / 2 : 150 )) --moeperf-quick --moeperf-window-requests 16 \
+    -k "$PROFILE and (startup or (closed_loop and c1 and not c16))" --moeperf-rounds 2 \
+    --moeperf-deadline $(( ($(left) - 60) / 2 > 150 ? ($(left) - 60) / 2 : 150 )) --moeperf-quick \
+    --moeperf-window-requests 16 \
     --moeperf-report "$W/serving-starts23.json" > "$W/serving-starts23.log" 2>&1
   note "starts 2-3: rc=$? $(tail -1 "$W/serving-starts23.log")"
 else
