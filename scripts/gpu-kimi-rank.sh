@@ -87,6 +87,11 @@ note "budget tables: $(grep -c '^## ' "$OUT/budget.md") in budget.md"
 for f in serving-start1.json serving-starts23.json attribution.md attribution.json; do
   [[ -s $W/$f ]] && cp "$W/$f" "$OUT/"
 done
+if [[ ! -s $W/attribution.json ]] && ls "$W"/traces/*rank0*.pt.trace.json.gz > /dev/null 2>&1; then
+  # not attributed here (no HolisticTraceAnalysis?): the rank-0 traces come back, for `moeperf attribute --trace`
+  tar -cf "$OUT/traces.tar" -C "$W/traces" $(cd "$W/traces" && ls *rank0*.pt.trace.json.gz)
+  note "traces.tar: $(tar -tf "$OUT/traces.tar" | wc -l) rank-0 traces, $(du -k "$OUT/traces.tar" | cut -f1) KiB"
+fi
 { for f in serving-start1.log serving-starts23.log attribute.err; do echo "=== $f"; tail -60 "$W/$f" 2>/dev/null; done
 } > "$OUT/logs.txt"
 note "done in $((SECONDS - T0)) s; $(ls "$OUT" | wc -l) files in OUT"
