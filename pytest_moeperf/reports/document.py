@@ -163,3 +163,11 @@ def benchmark_metrics(document: Any) -> list[tuple[str, str, str, dict[str, Any]
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"benchmarks[{i}] is malformed ({type(exc).__name__}: {exc})") from None
     return out
+
+
+def report_fingerprint(document: Any) -> str | None:
+    """The fingerprint slug of the box a report's session measured on (``moeperf.fingerprint``), None when the
+    report does not say."""
+    section = document.get("moeperf") if isinstance(document, dict) else None
+    slug = section.get("fingerprint") if isinstance(section, Mapping) else None
+    return slug if isinstance(slug, str) and slug else None

@@ -104,6 +104,21 @@ def test_serving_and_attribution_default_to_the_tiny_profiles_this_machine_serve
         ("a", None, True), ("b", "pcie-no-p2p", False)]
 
 
+def test_the_rank_profile_is_the_attribution_target_and_not_in_the_default_serving_batch() -> None:
+    """gpu-kimi-rank-tp1-nospec starts slowly (~76 GB): a 1-GPU box's default serving selection leaves it out, and
+    `attribution --attribution gpu-kimi-rank-tp1-nospec` serves it (pytest's own -k on the real suite)."""
+    (serving,), _ = plan(Options(steps=("serving",)), gpu_count=1, vllm=True)
+    assert isinstance(serving, PytestRun) and serving.keyword is not None
+    listed = subprocess.run([sys.executable, "-m", "pytest", "suites/serving", "--collect-only", "-q",
+                             "-p", "no:cacheprovider", "-k", serving.keyword], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert ids and all("gpu-tiny-tp1-" in i for i in ids) and not any("kimi-rank" in i for i in ids)
+    units, _ = plan(Options(steps=("attribution",), attribution=("gpu-kimi-rank-tp1-nospec",)), gpu_count=1,
+                    vllm=True)
+    assert [u.profile for u in units if isinstance(u, Attribution)] == ["gpu-kimi-rank-tp1-nospec"]
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(("args", "message"), [
     (["nosuch"], "unknown step 'nosuch'"),

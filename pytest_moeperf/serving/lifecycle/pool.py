@@ -44,15 +44,7 @@ from pytest_moeperf.serving.lifecycle.server import (
     free_port,
 )
 from pytest_moeperf.serving.lifecycle.starts import StartKit
-from pytest_moeperf.serving.models.profiles import (
-    KIMI_SHAPED,
-    TARGETS,
-    TINY_DRAFT,
-    TINY_EAGLE3,
-    TINY_MOE,
-    ServeProfile,
-    launch_blocker,
-)
+from pytest_moeperf.serving.models.profiles import TARGETS, ServeProfile, launch_blocker
 
 __all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "companions", "fixes_kv_cache",
            "parallel_starts", "pin_gpus", "place"]
@@ -215,20 +207,9 @@ class ServerPool:
             self.stop(victims[0])
 
     def _generated(self, target: str) -> dict[str, str]:
-        from pytest_moeperf.serving.models.tinymodel import (
-            ensure_tiny_eagle3,
-            ensure_tiny_model,
-            kimi_rank_shaped_spec,
-            tiny_draft_spec,
-        )
+        from pytest_moeperf.serving.models.generated import generated_dirs
 
-        if target in KIMI_SHAPED:
-            return {target: str(ensure_tiny_model(self.model_cache, kimi_rank_shaped_spec(KIMI_SHAPED[target])))}
-        return {
-            TINY_MOE: str(ensure_tiny_model(self.model_cache)),
-            TINY_DRAFT: str(ensure_tiny_model(self.model_cache, tiny_draft_spec())),
-            TINY_EAGLE3: str(ensure_tiny_eagle3(self.model_cache)),
-        }
+        return generated_dirs(self.model_cache, target)
 
     def launch(self, profile: ServeProfile) -> Served:
         """Start ``profile``'s server outside the pool's bookkeeping (``moeperf serve``); the caller stops it."""

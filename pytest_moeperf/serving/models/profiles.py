@@ -7,8 +7,9 @@ must have (GPUs) and the thresholds a speculative profile must meet against its 
 Profiles are data: :func:`load_profile_dirs` reads every ``*.json`` of the configured directories
 (``--moeperf-profiles``; the suites' ``suites/serving/profiles`` by default), so a user's own file yields tests.
 Generated models stand in for real ones by name: ``tiny-moe`` (the target), ``tiny-moe-draft`` (a one-layer
-sibling, same tokenizer: a draft model) and ``tiny-eagle3`` (an EAGLE-3 head for the tiny target); all run with
-``--load-format dummy`` (random weights), so a draft's acceptance proves the machinery, not a figure.
+sibling, same tokenizer: a draft model) and ``tiny-eagle3`` (an EAGLE-3 head for the tiny target), the Kimi-shaped
+stand-ins ``kimi-shaped-tp1``/``-tp2`` and ``kimi-k2.5-rank-tp8`` (one rank of Kimi-K2.5 at TP=8, ``kimirank``); all
+run with ``--load-format dummy`` (random weights), so a draft's acceptance proves the machinery, not a figure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pytest_moeperf.store.files import FileFormatError, read_json_object
 __all__ = [
     "DEFAULT_DIR",
     "GENERATED_MODELS",
+    "KIMI_RANK",
     "KIMI_SHAPED",
     "TARGETS",
     "ProfileError",
@@ -47,8 +49,10 @@ TINY_DRAFT = "tiny-moe-draft"
 TINY_EAGLE3 = "tiny-eagle3"
 #: models whose per-rank shapes at the given TP are Kimi-K2.5's at TP=8 (tinymodel.kimi_rank_shaped_spec), by name
 KIMI_SHAPED = {"kimi-shaped-tp1": 1, "kimi-shaped-tp2": 2}
-GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, *KIMI_SHAPED)
-TARGETS = (TINY_MOE, *KIMI_SHAPED)  # generated models a profile may serve (with --load-format dummy)
+#: one rank of Kimi-K2.5 at TP=8 as a model of its own, INT4 W4A16 routed experts (kimirank.KimiRankSpec)
+KIMI_RANK = "kimi-k2.5-rank-tp8"
+GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, *KIMI_SHAPED, KIMI_RANK)
+TARGETS = (TINY_MOE, *KIMI_SHAPED, KIMI_RANK)  # generated models a profile may serve (with --load-format dummy)
 VLLM_DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
 TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
