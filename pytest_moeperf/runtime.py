@@ -6,6 +6,7 @@ plain values.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -30,6 +31,8 @@ confirming_key = pytest.StashKey[bool]()
 started_key = pytest.StashKey[float]()
 #: undoes the environment an interconnect emulation set
 restore_env_key = pytest.StashKey[Callable[[], None]]()
+#: in a child session (a --moeperf-rounds round, a moeperf ab side): its SIGTERM handler, closed at unconfigure
+child_key = pytest.StashKey[contextlib.ExitStack]()
 
 
 def skip_reason(report: pytest.TestReport) -> str:

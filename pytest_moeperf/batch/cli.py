@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pytest_moeperf.batch import plan as planning
-from pytest_moeperf.batch import tree
 from pytest_moeperf.batch.facts import FactsError, ask
 from pytest_moeperf.batch.runner import Batch
 from pytest_moeperf.batch.units import Context, run_unit
+from pytest_moeperf.processes import tree
 from pytest_moeperf.settings.checks import at_least, describe, number_in
 
 __all__ = ["main_batch"]
