@@ -23,6 +23,9 @@ JSONScalar = str | int | float | bool | None
 LEDGER_SCHEMA = 1
 #: the context key that names what a test measured (e.g. a serving window's requests): part of its metrics' identity
 WORKLOAD = "workload"
+#: how ``Ledger.tests`` says a test skipped, and how ``--moeperf-deadline``'s skip reason begins (a batch counts
+#: the tests it skipped)
+SKIPPED, DEADLINE_SKIP = "test skipped: ", "--moeperf-deadline "
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,10 @@ class Ledger:
         """A test ran (``why`` empty) or did not measure (``why`` says so); its first word stands."""
         if not self.tests.get(nodeid):
             self.tests[nodeid] = why
+
+    def deadline_skipped(self) -> list[str]:
+        """The tests ``--moeperf-deadline`` skipped (in any round), in the order they ran."""
+        return [nodeid for nodeid, why in self.tests.items() if why.startswith(SKIPPED + DEADLINE_SKIP)]
 
     def warn(self, text: str) -> None:
         if text not in self.warnings:

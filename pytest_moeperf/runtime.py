@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from pytest_moeperf.conclude import Conclusion
-from pytest_moeperf.ledger import HealthReport
+from pytest_moeperf.ledger import DEADLINE_SKIP, SKIPPED, HealthReport
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.settings import Settings
 
@@ -42,7 +42,7 @@ def skip_reason(report: pytest.TestReport) -> str:
     if report.skipped:
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-        return f"test skipped: {reason.removeprefix('Skipped: ')}"
+        return f"{SKIPPED}{reason.removeprefix('Skipped: ')}"
     return "test failed" if report.when == "call" else f"test errored in {report.when}"
 
 
@@ -54,5 +54,5 @@ def skip_past_deadline(config: pytest.Config) -> None:
         return
     elapsed = time.monotonic() - config.stash[started_key]
     if elapsed > deadline:
-        pytest.skip(f"--moeperf-deadline {deadline:g} s passed ({elapsed:.0f} s into the session): "
+        pytest.skip(f"{DEADLINE_SKIP}{deadline:g} s passed ({elapsed:.0f} s into the session): "
                     "the batch's time slot is used up")
