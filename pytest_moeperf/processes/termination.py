@@ -24,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
@@ -97,12 +99,25 @@ def stop_child(proc: subprocess.Popen[str], grace_s: float = CHILD_GRACE_S) -> N
     """Interrupt ``proc`` (SIGINT to its session), give it ``grace_s`` to tear down, then stop its whole tree."""
     if proc.poll() is None:
         signal_session(proc.pid, signal.SIGINT)
-        try:
-            proc.communicate(timeout=grace_s)  # drained: a child blocked on a full pipe would never end
-        except (subprocess.TimeoutExpired, ValueError, OSError):
-            pass
+        _drain(proc, time.monotonic() + grace_s)
     tree.stop_descendants(proc.pid, include_root=proc.poll() is None, managed=(proc.pid,))
     proc.wait()
+
+
+def _drain(proc: subprocess.Popen[str], until: float) -> None:
+    """Wait until ``proc`` ends or ``until`` (``time.monotonic()``), reading and dropping its output meanwhile: a
+    child blocked on a full pipe would never end."""
+    fd = proc.stdout.fileno() if proc.stdout is not None and not proc.stdout.closed else None
+    while proc.poll() is None and time.monotonic() < until:
+        if fd is None:
+            time.sleep(0.05)
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready and not os.read(fd, 1 << 16):
+                fd = None  # end of its output: now only its exit
+        except OSError:
+            fd = None
 
 
 def after_interrupted_session() -> list[tree.Proc]:
