@@ -9,7 +9,9 @@ one-round session and a rounds session write the same reports from the same ledg
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,12 @@ from pytest_moeperf.settings import Settings
 from pytest_moeperf.store import files
 from pytest_moeperf.store.baselines import BaselineStore
 from pytest_moeperf.store.entries import BaselineError
+from pytest_moeperf.store.keys import TestIds
+
+
+def _progress(line: str) -> None:
+    """A line while the session waits at its end (pytest's output capture is off there)."""
+    print(f"moeperf: {line}", file=sys.stderr, flush=True)
 
 
 def _now() -> str:
@@ -53,6 +61,11 @@ class Conclusion:
         self.updated = 0  # metrics written to the baselines
         self.started = _now()
         self.placement_note: str | None = None  # what the header says about xdist workers on shared cores
+
+    @functools.cached_property
+    def ids(self) -> TestIds:
+        """Test ids of metric keys: relative to each test file's project root, not to pytest's rootdir."""
+        return TestIds(Path(self.config.rootpath), Path(self.config.invocation_params.dir))
 
     def _decide(self, measurement: Measurement, rounds: tuple[tuple[float, ...], ...], reference: Reference | None,
                 threshold: Threshold) -> Verdict:
@@ -103,6 +116,28 @@ class Conclusion:
                              "(fewer CPUs through taskset or affinity, a GPU missing or added, another GPU model) "
                              "or the wrong --moeperf-baselines hides the baselines")
 
+    def check_keys(self) -> None:
+        """Warn (strict: fail) when a baseline file of a test file that measured holds metrics, but all of other
+        test paths: none of its metrics can match, every one is NEW (the test file moved, or its keys were formed
+        against another root than the stored ones)."""
+        if self.settings.update:
+            return
+        ran: dict[str, set[str]] = {}
+        for record in self.ledger.records.values():
+            ran.setdefault(record.metric.suite, set()).add(record.metric.test_id.split("::", 1)[0])
+        for suite, paths in sorted(ran.items()):
+            try:
+                found = self.store.file(suite)
+            except BaselineError:
+                continue
+            stored = sorted({key.split("::", 1)[0] for key in found.entries}) if found else []
+            if stored and not paths & set(stored):
+                self.ledger.warn(f"{self.store.path(suite)} holds {len(found.entries) if found else 0} metric(s) of "
+                                 f"{', '.join(stored[:3])}{' …' if len(stored) > 3 else ''} and none of "
+                                 f"{', '.join(sorted(paths))}, which this session measured: none matches, every "
+                                 "metric is NEW (a moved test file, or keys formed against another root: see "
+                                 "'Metric keys' in the README)")
+
     def _sections(self) -> None:
         measurements = [r.metric for r in self.ledger.records.values()]
         try:
@@ -138,6 +173,7 @@ class Conclusion:
             self.ledger.notes.append(self.noise.problem)
         self.find_missing()
         self.check_fingerprints()
+        self.check_keys()
         self._sections()
         moved = self._shift()
         if self.settings.update:
@@ -160,9 +196,10 @@ class Conclusion:
         if plan.measurements:
             try:
                 self.written += self.store.update(plan.measurements, self.fingerprint_record(), self.provenance(),
-                                                  self.settings.noise_runs, self.fingerprint.host_facts)
+                                                  self.settings.noise_runs, self.fingerprint.host_facts,
+                                                  self.settings.lock_timeout_s, _progress)
                 self.updated = len({m.key for m in plan.measurements})
-            except (BaselineError, OSError) as exc:
+            except (BaselineError, OSError, files.FileFormatError) as exc:  # the last: a journal it cannot finish
                 self.errors.append(f"baselines not updated: {exc}")
         self.update_failed = self.updated == 0 and bool(self.ledger.records)
 

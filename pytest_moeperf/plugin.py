@@ -163,11 +163,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         markers.apply(item, topo)
     only = os.environ.get(ONLY_ENV)
     if only:  # an extra round of a --moeperf-rounds parent: only the tests it names
-        keep = read_only(only)
-        deselected = [item for item in items if item.nodeid not in keep]
+        keep, ids = read_only(only), config.stash[session_key].ids  # test ids of metric keys (`store.keys`)
+        deselected = [item for item in items if ids.of_item(item) not in keep]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if item.nodeid in keep]
+            items[:] = [item for item in items if ids.of_item(item) in keep]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -191,8 +191,10 @@ def moeperf_settings(pytestconfig: pytest.Config) -> settings.Settings:
 @pytest.fixture
 def perf(request: pytest.FixtureRequest) -> Generator[Perf, None, None]:
     """Record metrics: ``perf.record(name, samples, unit=..., better="lower"|"higher")``."""
-    topo = request.config.stash[session_key].topology
-    recorder = Perf(request.node.nodeid, simulated_from=topo.source if topo.simulated else None)
+    state = request.config.stash[session_key]
+    topo = state.topology
+    # keyed by the test's id relative to its project root, not pytest's rootdir (`store.keys`)
+    recorder = Perf(state.ids.of_item(request.node), simulated_from=topo.source if topo.simulated else None)
     request.node.stash[perf_key] = recorder
     yield recorder
 

@@ -16,6 +16,7 @@ from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.ledger import DEADLINE_SKIP, SKIPPED, HealthReport
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.settings import Settings
+from pytest_moeperf.store.keys import REPORT_ATTRIBUTE, TestIds
 
 #: the resolved options of this session
 settings_key = pytest.StashKey[Settings]()
@@ -44,6 +45,18 @@ def skip_reason(report: pytest.TestReport) -> str:
         reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
         return f"{SKIPPED}{reason.removeprefix('Skipped: ')}"
     return "test failed" if report.when == "call" else f"test errored in {report.when}"
+
+
+def carry_test_id(report: pytest.TestReport, test_id: str) -> None:
+    """Attach a test's id in metric keys (`store.keys`) to its report: it travels with the report from an xdist
+    worker, which has the item, to the controller, which has only the node id."""
+    setattr(report, REPORT_ATTRIBUTE, test_id)
+
+
+def reported_test_id(report: pytest.TestReport, ids: TestIds) -> str:
+    """The test id a report carries, else its node id's."""
+    carried = getattr(report, REPORT_ATTRIBUTE, None)
+    return carried if isinstance(carried, str) else ids.of_nodeid(report.nodeid)
 
 
 def skip_past_deadline(config: pytest.Config) -> None:

@@ -67,7 +67,7 @@ def _topology(batch: Batch, ctx: Context, result: StepResult) -> None:
 def pytest_argv(run: PytestRun, ctx: Context, report: Path, deadline_s: float | None) -> list[str]:
     plugin = () if ctx.facts.entry_point else ("-p", "pytest_moeperf.plugin")
     argv = [ctx.python, "-m", "pytest", *plugin, *run.paths, "-p", "no:cacheprovider", "-q", "-ra",
-            "--moeperf-baselines", str(ctx.baselines), "--moeperf-report", str(report)]
+            f"--moeperf-baselines={ctx.baselines}", f"--moeperf-report={report}"]  # '=': see `store.keys`
     if run.update:
         argv.append("--moeperf-update")
     if run.rounds > 1:

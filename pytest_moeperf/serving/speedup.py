@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pytest_moeperf.serving.served import Served
+from pytest_moeperf.serving.lifecycle.served import Served
 
 __all__ = ["ABA", "ALTERNATING", "PairResult", "measure_pair"]
 

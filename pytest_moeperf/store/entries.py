@@ -46,6 +46,27 @@ def finite(where: str, key: str, values: Mapping[str, Any]) -> None:
                                 "a finite number (left untouched)")
 
 
+def _number(where: str, key: str, field: str, value: Any) -> float:
+    """A stored number as read: a JSON number that is finite; a string ("NaN", "1e999", "100"), a bool, null or
+    anything else is refused naming the file, the metric and the field."""
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # an integer beyond the largest float
+        ok = False
+    if not ok:
+        raise BaselineError(f"{where}: metric {key!r}: {field} must be a finite number, got {value!r} "
+                            "(left untouched)")
+    return float(value)
+
+
+def _count(where: str, key: str, field: str, value: Any) -> int:
+    """A stored sample count: a JSON integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BaselineError(f"{where}: metric {key!r}: {field} must be an integer >= 1, got {value!r} "
+                            "(left untouched)")
+    return value
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """One update's run of a metric, as a baseline keeps it."""
@@ -181,12 +202,13 @@ class BaselineEntry:
     def from_json(cls, key: str, data: Mapping[str, Any], where: str) -> BaselineEntry:
         try:
             raw = dict(data["summary"])
-            finite(where, key, raw)
-            summary = Summary(n=int(raw.pop("n")), **{k: float(v) for k, v in raw.items()})
+            summary = Summary(n=_count(where, key, "summary.n", raw.pop("n")),
+                              **{k: _number(where, key, f"summary.{k}", v) for k, v in raw.items()})
             runs = []
-            for run in data.get("runs", []):
-                finite(where, key, run)
-                runs.append(RunSummary(float(run["median"]), int(run["n"]), float(run["iqr"]), run.get("date"),
+            for i, run in enumerate(data.get("runs", [])):
+                runs.append(RunSummary(_number(where, key, f"runs[{i}].median", run["median"]),
+                                       _count(where, key, f"runs[{i}].n", run["n"]),
+                                       _number(where, key, f"runs[{i}].iqr", run["iqr"]), run.get("date"),
                                        run.get("git_commit"), run.get("host"), run.get("boot")))
             return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
                        better=str(data["better"]), summary=summary, context=dict(data.get("context", {})),

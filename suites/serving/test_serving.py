@@ -22,15 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, LoadShape, OpenLoop
-from pytest_moeperf.serving.metrics import Slo
+from pytest_moeperf.serving.analysis.metrics import Slo
+from pytest_moeperf.serving.analysis.tails import window_count
+from pytest_moeperf.serving.lifecycle.served import Served
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, Endpoint, LoadShape, OpenLoop
+from pytest_moeperf.serving.load.prompts import spread_outputs
+from pytest_moeperf.serving.load.warm import warm_count
+from pytest_moeperf.serving.models.profiles import ServeProfile
 from pytest_moeperf.serving.plugin import profile_params, profiles_for
-from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prompts import spread_outputs
 from pytest_moeperf.serving.recording import PerfRecorder, record_startup, record_window, sized_workload
-from pytest_moeperf.serving.served import Served
-from pytest_moeperf.serving.tails import window_count
-from pytest_moeperf.serving.warm import warm_count
 from pytest_moeperf.settings import Settings
 
 # A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from
@@ -39,6 +39,7 @@ from pytest_moeperf.settings import Settings
 pytestmark = pytest.mark.serving
 
 PROMPTS = Path(__file__).parents[1] / "specdecode" / "prompts" / "repetitive.json"
+CHAT_CONCURRENCY = 2  # the chat window's clients (a captured CUDA-graph size of the GPU profiles)
 CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token), a tag, the template
 
 
@@ -146,6 +147,7 @@ def measure_and_record(
         workload=sized_workload(workload, settings.window_requests),
         server_pids=",".join(map(str, served.server_pids)) or None,
     )
+    perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     # the engine's TPOT tells a window whose answers arrived in bursts from a fast one: seen in a clean-clone CI
     # run, chat closed loop on 2 cores, client TTFT 31 -> 401 ms = E2EL with TPOT 0.013 ms, every answer in >= 3
     # chunks (a role chunk, the text, the finish), so the chunk count alone did not see it; the engine's TTFT tells
@@ -171,4 +173,4 @@ def test_open_loop(
 
 
 def test_chat_closed_loop(served: Served, perf: PerfRecorder, moeperf_settings: Settings) -> None:
-    measure_and_record(served, perf, ClosedLoop(2), moeperf_settings, Endpoint.CHAT)
+    measure_and_record(served, perf, ClosedLoop(CHAT_CONCURRENCY), moeperf_settings, Endpoint.CHAT)

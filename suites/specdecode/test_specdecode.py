@@ -20,10 +20,13 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.runtime import skip_past_deadline
-from pytest_moeperf.serving.loadgen import ClosedLoop
-from pytest_moeperf.serving.metrics import coalesced, latency_samples, percentile
+from pytest_moeperf.serving.analysis.metrics import coalesced, latency_samples, percentile
+from pytest_moeperf.serving.analysis.tails import window_count
+from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
+from pytest_moeperf.serving.load.loadgen import ClosedLoop
+from pytest_moeperf.serving.load.warm import warm_count
+from pytest_moeperf.serving.models.profiles import ServeProfile
 from pytest_moeperf.serving.plugin import Pool, profile_params, profiles_for
-from pytest_moeperf.serving.profiles import ServeProfile
 from pytest_moeperf.serving.recording import (
     PerfRecorder,
     check_failures,
@@ -34,10 +37,7 @@ from pytest_moeperf.serving.recording import (
     record_window_facts,
     sized_workload,
 )
-from pytest_moeperf.serving.served import Served, SpecWindow
 from pytest_moeperf.serving.speedup import PairResult, measure_pair
-from pytest_moeperf.serving.tails import window_count
-from pytest_moeperf.serving.warm import warm_count
 from pytest_moeperf.settings import Settings
 
 # A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from
@@ -146,6 +146,7 @@ def test_decode(
     """TPOT, ITL, TTFT and output throughput of the profile; acceptance figures when it speculates."""
     result = decode_window(served, concurrency, moeperf_settings)
     describe(perf, served.profile, concurrency, moeperf_settings.window_requests)
+    perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     tol = served.profile.tolerances
     check_failures(result.window.metrics)
     record_window_facts(perf, result, tol)  # the warm pass's cost and the drift check, before anything is recorded

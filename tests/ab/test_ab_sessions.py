@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_moeperf.reports.document import metric_entries
+
 INSTALLED = any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(group="pytest11"))
 #: the pytest arguments of both sides: the plugin (when it is not installed), no cache files in the project, and the
 #: health gate off (as in `run_moeperf`: a loaded box must not decide these verdicts by dropping pairs)
@@ -78,7 +80,7 @@ def test_a_slower_head_is_regressed_after_extra_pairs_of_its_test_alone(suite: P
     assert ab["metrics"][LATENCY]["p"] == pytest.approx(2 / 256)
     assert 0.07 < ab["metrics"][LATENCY]["estimate"] < 0.13
     assert [p["label"] for p in ab["processes"]].count("head 8") == 1 and len(ab["processes"]) == 16
-    verdicts = {b["fullname"]: b["extra_info"]["verdict"] for b in doc["benchmarks"]}
+    verdicts = {b["fullname"]: b["extra_info"]["verdict"] for b in metric_entries(doc)}
     assert verdicts == {LATENCY: "REGRESSED", GBPS: "PASS"}
     records = {r["metric"]["test_id"] + "::" + r["metric"]["name"]: r for r in doc["moeperf"]["records"]}
     origins = [r["origin"] for r in records[LATENCY]["rounds"]]

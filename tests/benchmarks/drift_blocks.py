@@ -23,10 +23,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pytest_moeperf.serving.drift import check_drift
-from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator
-from pytest_moeperf.serving.metrics import RequestOutcome, latency_samples
-from pytest_moeperf.serving.prompts import random_token_requests
+from pytest_moeperf.serving.analysis.drift import check_drift
+from pytest_moeperf.serving.analysis.metrics import RequestOutcome, latency_samples
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, LoadGenerator
+from pytest_moeperf.serving.load.prompts import random_token_requests
 
 
 def acf(x: list[float], lag: int) -> float:

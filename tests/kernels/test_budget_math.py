@@ -230,7 +230,7 @@ def test_routed_impl_override_and_floor() -> None:
 
 def test_a_model_with_kimis_per_rank_shapes_reuses_kimis_measurements_and_says_so() -> None:
     from pytest_moeperf.kernels.models import spec_from_config
-    from pytest_moeperf.serving.tinymodel import kimi_rank_shaped_spec
+    from pytest_moeperf.serving.models.tinymodel import kimi_rank_shaped_spec
 
     shaped = spec_from_config(kimi_rank_shaped_spec(tp=2).config(), "kimi-shaped")
     kimi = {s.op: s for s in rank_gemms(KIMI_K2_5, 8)}
@@ -252,7 +252,7 @@ def test_a_fused_moe_piece_moves_to_a_model_with_the_same_routed_block() -> None
     """The fused piece covers the whole routed block: it moves only when hidden size, expert intermediate per rank,
     expert count and top-k all match (Kimi TP8's block is `kimi-shaped-tp1`'s and `-tp2`'s)."""
     from pytest_moeperf.kernels.models import spec_from_config
-    from pytest_moeperf.serving.tinymodel import kimi_rank_shaped_spec
+    from pytest_moeperf.serving.models.tinymodel import kimi_rank_shaped_spec
 
     fused = Piece("kimi-k2.5", 8, "routed_moe", 1, "marlin_moe", 34.3, "baselines x", "", 7168, 256)
     for tp in (1, 2):

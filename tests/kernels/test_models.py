@@ -118,7 +118,7 @@ def test_flat_config_equals_nested(tmp_path: Path) -> None:
 
 
 def test_gqa_moe_config(tmp_path: Path) -> None:
-    # The tiny Qwen3-MoE model the serving suites generate (pytest_moeperf/serving/tinymodel.py).
+    # The tiny Qwen3-MoE model the serving suites generate (pytest_moeperf/serving/models/tinymodel.py).
     config = {
         "architectures": ["Qwen3MoeForCausalLM"],
         "vocab_size": 512, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_moeperf.serving.prometheus import parse
-from pytest_moeperf.serving.specdecode import (
+from pytest_moeperf.serving.analysis.prometheus import parse
+from pytest_moeperf.serving.analysis.specdecode import (
     CandidateRow,
     SpecDecodeCounters,
     acceptance,
@@ -68,7 +68,7 @@ def test_speedup_and_table() -> None:
 
 
 def test_histogram_mean_over_a_window() -> None:
-    from pytest_moeperf.serving.prometheus import histogram_mean_delta
+    from pytest_moeperf.serving.analysis.prometheus import histogram_mean_delta
 
     name = "vllm:request_time_per_output_token_seconds"
     before = parse(f'{name}_sum{{engine="0"}} 1.5\n{name}_count{{engine="0"}} 10\n')

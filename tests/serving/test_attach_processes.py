@@ -17,7 +17,7 @@ pytest.importorskip("psutil")
 
 from pytest_moeperf.health.gate import HealthGate, HealthLimits, foreign_cpu  # noqa: E402
 from pytest_moeperf.health.probes import GpuSample, sample_host  # noqa: E402
-from pytest_moeperf.serving.attach import listening_pids  # noqa: E402
+from pytest_moeperf.serving.lifecycle.attach import listening_pids  # noqa: E402
 
 # the grandchild: listens on a free port, writes "pid port", then keeps one core busy until told to stop
 LISTENER = """

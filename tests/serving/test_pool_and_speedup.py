@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.attach import split_url
-from pytest_moeperf.serving.pool import (
+from pytest_moeperf.serving.lifecycle.attach import split_url
+from pytest_moeperf.serving.lifecycle.pool import (
     GPU_SHARE_BUDGET,
     Placement,
     ServerPool,
@@ -21,7 +21,7 @@ from pytest_moeperf.serving.pool import (
     pin_gpus,
     place,
 )
-from pytest_moeperf.serving.profiles import ServeProfile, load_profiles
+from pytest_moeperf.serving.models.profiles import ServeProfile, load_profiles
 from pytest_moeperf.serving.speedup import ABA, ALTERNATING, measure_pair
 from pytest_moeperf.settings import parse_server_urls
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pytest_moeperf.serving.prometheus import PrometheusParseError, parse
+from pytest_moeperf.serving.analysis.prometheus import PrometheusParseError, parse
 
 VLLM_SNIPPET = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

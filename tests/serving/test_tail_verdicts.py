@@ -7,7 +7,7 @@ import pytest
 
 TAIL_TEST = """
 import os
-from pytest_moeperf.serving.tails import tail_bound
+from pytest_moeperf.serving.analysis.tails import tail_bound
 
 def test_tail(perf):
     fast, slow, value = (float(x) for x in os.environ["TAIL"].split(","))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.serving.loadgen import ClosedLoop, LoadGenerator, OpenLoop, Request, arrival_offsets
-from pytest_moeperf.serving.ports import free_port
-from pytest_moeperf.serving.profiles import ProfileError, launch_blocker, load_profiles
-from pytest_moeperf.serving.prompts import prompt_set_requests, random_token_requests, spread_outputs
+from pytest_moeperf.serving.lifecycle.ports import free_port
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, LoadGenerator, OpenLoop, Request, arrival_offsets
+from pytest_moeperf.serving.load.prompts import prompt_set_requests, random_token_requests, spread_outputs
+from pytest_moeperf.serving.models.profiles import ProfileError, launch_blocker, load_profiles
 
 REPO = Path(__file__).parents[2]
 
@@ -127,7 +127,7 @@ def test_eagle3_head_names_three_hidden_states_the_tiny_target_has() -> None:
     """vLLM feeds an EAGLE-3 head the hidden states after the layers it names (0: the embeddings' output, k: layer
     k's); its input projection takes exactly three. vLLM's default (2, L // 2, L - 3) matches only two of the 2-layer
     tiny MoE's, and the first decode step failed on 1x H200 ("mat1 and mat2 shapes cannot be multiplied")."""
-    from pytest_moeperf.serving.tinymodel import TinyMoeSpec, eagle3_config
+    from pytest_moeperf.serving.models.tinymodel import TinyMoeSpec, eagle3_config
 
     for layers in (2, 3, 8):
         ids = eagle3_config(TinyMoeSpec(num_hidden_layers=layers))["eagle_aux_hidden_state_layer_ids"]

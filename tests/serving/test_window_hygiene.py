@@ -13,16 +13,16 @@ from pytest_moeperf.judging.stats import quantile_bound_ranks
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, judge
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.serving.arbiter import EngineFigures, engine_figures
-from pytest_moeperf.serving.drift import DEFAULT_MIN_EFFECT, check_drift, in_flight, rank_test
-from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, OpenLoop, Request, WindowResult
-from pytest_moeperf.serving.metrics import RequestOutcome, compute
-from pytest_moeperf.serving.profiles import Tolerances
-from pytest_moeperf.serving.prometheus import parse
+from pytest_moeperf.serving.analysis.arbiter import EngineFigures, engine_figures
+from pytest_moeperf.serving.analysis.drift import DEFAULT_MIN_EFFECT, check_drift, in_flight, rank_test
+from pytest_moeperf.serving.analysis.metrics import RequestOutcome, compute
+from pytest_moeperf.serving.analysis.prometheus import parse
+from pytest_moeperf.serving.analysis.tails import judge_tail, requests_needed, tail_bound
+from pytest_moeperf.serving.lifecycle.served import SpecWindow
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, Endpoint, OpenLoop, Request, WindowResult
+from pytest_moeperf.serving.load.warm import ALREADY_WARM, WarmPass, shape_key, warm_count
+from pytest_moeperf.serving.models.profiles import Tolerances
 from pytest_moeperf.serving.recording import CLIENT_TIMED, record_latencies, record_window
-from pytest_moeperf.serving.served import SpecWindow
-from pytest_moeperf.serving.tails import judge_tail, requests_needed, tail_bound
-from pytest_moeperf.serving.warm import ALREADY_WARM, WarmPass, shape_key, warm_count
 
 
 def answer(start: float, ttft: float = 0.02, tpot: float = 0.006, tokens: int = 64) -> RequestOutcome:

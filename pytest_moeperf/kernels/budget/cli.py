@@ -85,6 +85,9 @@ def main_budget(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] 
         parser.error("--baselines needs --fingerprint SLUG")
     if args.fingerprint and args.baselines is None:
         parser.error("--fingerprint needs --baselines DIR")
+    if args.from_report is None and args.baselines is None:  # else a table of dashes that reads "0 us"
+        parser.error("give the measured numbers: --from-report PATH (a run's --moeperf-report) or --baselines DIR "
+                     "--fingerprint SLUG")
     try:
         spec = _model(args.model)
         device: DeviceSpec | None = None
@@ -101,8 +104,14 @@ def main_budget(argv: Sequence[str] | None = None, *, out: Callable[[str], Any] 
         points: list[AllReducePoint] = []
         if args.from_report is not None:
             pieces, points = _report(args.from_report)
-        elif args.baselines is not None:
+            where = f"report {args.from_report}"
+        else:
             pieces, points = _baselines(args.baselines, args.fingerprint)
+            where = f"baselines {args.fingerprint}"
+        measured = assemble(spec, tp, args.batch, pieces, points, None, None, args.routed_impl)
+        if all(row.each_us is None for row in measured.rows):  # estimates and --allreduce-us alone model nothing
+            raise ValueError(f"{where} holds no measured GEMM (metric 'time', us) or all-reduce (metric "
+                             f"'latency_<mode>', us) of {spec.name} at TP {tp}: nothing to model")
         budget = assemble(spec, tp, args.batch, pieces, points, args.allreduce_us, device, args.routed_impl)
     except (OSError, ValueError, KeyError, BaselineError) as exc:
         print(f"moeperf budget: {describe(exc)}", file=sys.stderr)

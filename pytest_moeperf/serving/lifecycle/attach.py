@@ -19,10 +19,10 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from pytest_moeperf.serving.profiles import ServeProfile
-from pytest_moeperf.serving.prometheus import parse
-from pytest_moeperf.serving.server import http_get
-from pytest_moeperf.serving.specdecode import DRAFTS
+from pytest_moeperf.serving.analysis.prometheus import parse
+from pytest_moeperf.serving.analysis.specdecode import DRAFTS
+from pytest_moeperf.serving.lifecycle.server import http_get
+from pytest_moeperf.serving.models.profiles import ServeProfile
 
 __all__ = ["AttachError", "attached_profiles", "listening_pids", "split_url"]
 

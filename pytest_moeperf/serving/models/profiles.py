@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_moeperf.serving.models.graphs import capture_args, conflicting_flags
+from pytest_moeperf.serving.models.placement import AUTO, OFF, ROLES, parse_cpu_list
 from pytest_moeperf.store.files import FileFormatError, read_json_object
 
 __all__ = [
@@ -97,6 +99,15 @@ class ServeProfile:
     description: str = ""
     requests: int | None = None  # per measured window, instead of the suite's per-device count (a time slot)
     attached_url: str | None = None  # synthesised from a running server (attach mode): never launched
+    #: sequences per decode step to capture CUDA graphs for (`graphs`); empty: vLLM's own list
+    cudagraph_batches: tuple[int, ...] = ()
+    #: "off", "auto" or a CPU list per role (`placement`)
+    cpu_placement: str | Mapping[str, str] = OFF
+
+    @property
+    def speculative_tokens(self) -> int:
+        """Draft tokens a decode step verifies per sequence (0 without speculation)."""
+        return int((self.speculative or {}).get("num_speculative_tokens", 0))
 
     @property
     def speculates(self) -> bool:
@@ -149,6 +160,8 @@ class ServeProfile:
         ]
         if self.model in TARGETS:
             argv += ["--load-format", "dummy"]
+        if self.cudagraph_batches:
+            argv += capture_args(self.cudagraph_batches, self.speculative_tokens)
         if self.speculative is not None:
             spec = dict(self.speculative)
             draft = spec.get("model")
@@ -219,6 +232,7 @@ def _from_json(path: Path) -> ServeProfile:
     known = {
         "name", "model", "device", "tp", "gpus", "max_model_len", "dtype", "vllm_args", "env",
         "speculative", "reference", "thresholds", "tolerances", "startup_timeout_s", "description", "requests",
+        "cudagraph_batches", "cpu_placement",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -256,6 +270,8 @@ def _from_json(path: Path) -> ServeProfile:
     if bad:
         raise ProfileError(f"{path}: unknown tolerance(s) {bad}; known: {', '.join(TOLERANCE_FIELDS)}")
     timeout = get("startup_timeout_s", (int, float), None)
+    batches = _cudagraph_batches(path, get("cudagraph_batches", list, []), device, args)
+    placement = _cpu_placement(path, get("cpu_placement", (str, dict), OFF))
     return ServeProfile(
         name=name,
         model=get("model", str, required=True),
@@ -276,7 +292,56 @@ def _from_json(path: Path) -> ServeProfile:
         startup_timeout_s=None if timeout is None else float(timeout),
         description=get("description", str, ""),
         requests=get("requests", int, None),
+        cudagraph_batches=batches,
+        cpu_placement=placement,
     )
+
+
+def _cudagraph_batches(path: Path, batches: list[Any], device: str, args: Sequence[str]) -> tuple[int, ...]:
+    if not batches:
+        return ()
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in batches):
+        raise ProfileError(f"{path}: field 'cudagraph_batches' must list positive integers (sequences per decode "
+                           f"step), got {batches!r}")
+    if device != "cuda":
+        raise ProfileError(f"{path}: field 'cudagraph_batches' is for CUDA graphs: device is {device!r}")
+    clash = conflicting_flags(args)
+    if clash:
+        raise ProfileError(f"{path}: field 'cudagraph_batches' and vllm_args {clash} both decide the CUDA-graph "
+                           "capture sizes: keep one")
+    seqs = _flag_value(args, "--max-num-seqs")
+    if seqs is not None and seqs.isdigit() and max(batches) > int(seqs):
+        raise ProfileError(f"{path}: field 'cudagraph_batches' {batches} exceeds --max-num-seqs {seqs}: a decode "
+                           "step never holds that many sequences")
+    return tuple(sorted(set(batches)))
+
+
+def _cpu_placement(path: Path, value: str | dict[str, Any]) -> str | Mapping[str, str]:
+    if isinstance(value, str):
+        if value not in (OFF, AUTO):
+            raise ProfileError(f"{path}: field 'cpu_placement' is {value!r}; expected {OFF!r}, {AUTO!r} or CPU lists "
+                               f"per role {{{', '.join(repr(r) + ': ...' for r in ROLES)}}}")
+        return value
+    if set(value) != set(ROLES) or not all(isinstance(v, str) for v in value.values()):
+        raise ProfileError(f"{path}: field 'cpu_placement' must map exactly {list(ROLES)} to CPU lists "
+                           f"(e.g. \"0-7\"), got {value!r}")
+    for role in ROLES:
+        try:
+            parse_cpu_list(value[role])
+        except ValueError as exc:
+            raise ProfileError(f"{path}: field 'cpu_placement', role {role!r}: {exc}") from None
+    return {role: value[role] for role in ROLES}
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``), the last one given; None when absent."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def _refuse_bind_options(path: Path, args: Sequence[str]) -> None:

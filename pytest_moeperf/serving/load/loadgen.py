@@ -1,7 +1,7 @@
 """Async streaming load generator for vLLM's OpenAI-compatible server.
 
 Sends streaming ``/v1/completions`` or ``/v1/chat/completions`` requests under a load shape, times each SSE
-chunk the way ``vllm bench serve`` does (see :mod:`pytest_moeperf.serving.metrics`), and returns every
+chunk the way ``vllm bench serve`` does (see :mod:`pytest_moeperf.serving.analysis.metrics`), and returns every
 request's outcome: failures are kept and counted, never dropped. Warm-up requests run before the measured
 window and are excluded from it. A liveness check runs beside the window, so a server that dies mid-run
 aborts it at once with the server's own explanation instead of a hang.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 
-from pytest_moeperf.serving.metrics import RequestOutcome, ServingMetrics, Slo, compute
+from pytest_moeperf.serving.analysis.metrics import RequestOutcome, ServingMetrics, Slo, compute
 
 __all__ = [
     "ClosedLoop",

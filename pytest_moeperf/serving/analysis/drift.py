@@ -21,7 +21,7 @@ small parts, the normal approximation with tie correction beyond `EXACT_MAX_PAIR
 by more than the minimum effect (the profile's tolerance of that latency, else `DEFAULT_MIN_EFFECT`): the window's
 own spread says the change is real, and it is large enough to matter. Seen on 1x H200 (vLLM 0.26): the first window
 at a new concurrency met Triton's just-in-time compiles of new batch shapes (TTFT 745 ms cold, 35 ms warm); the
-warm pass (`pytest_moeperf.serving.warm`) is meant to prevent that, this check tells when it did not.
+warm pass (`pytest_moeperf.serving.load.warm`) is meant to prevent that, this check tells when it did not.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from pytest_moeperf.judging import stats
 from pytest_moeperf.ledger import JSONScalar
-from pytest_moeperf.serving.metrics import RequestOutcome, latency_samples
+from pytest_moeperf.serving.analysis.metrics import RequestOutcome, latency_samples
 
 __all__ = ["DEFAULT_MIN_EFFECT", "DRIFT_ALPHA", "MIN_QUARTER", "Drift", "DriftCheck", "check_drift", "in_flight",
            "rank_test"]

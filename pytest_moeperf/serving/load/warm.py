@@ -12,7 +12,8 @@ Its size (`warm_count`): a closed loop at concurrency C runs ``max(floor, 2 C)``
 a full batch of C decodes, the drain, then the next wave); an open loop a quarter of the window (at least
 ``floor``). A server that has already run a pass of the same shape (`shape_key`) since it started is warm for it:
 its later windows (a confirmation re-run, the speedup's rounds after the decode windows) run none. What the pass
-cost (requests, seconds) goes into the test's context; `pytest_moeperf.serving.drift` checks whether it was enough.
+cost (requests, seconds) goes into the test's context; `pytest_moeperf.serving.analysis.drift` checks whether it
+was enough.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_moeperf.ledger import JSONScalar
-from pytest_moeperf.serving.loadgen import ClosedLoop, Endpoint, LoadShape, Request
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, Endpoint, LoadShape, Request
 
 __all__ = ["ALREADY_WARM", "NOT_ASKED", "ShapeKey", "WarmPass", "shape_key", "warm_count"]
 
@@ -57,7 +58,7 @@ class WarmPass:
     seconds: float = 0.0
     failed: int = 0
     note: str = ""
-    passes: int = 1  # a pass is repeated while the server compiled kernels during it (`pytest_moeperf.serving.jit`)
+    passes: int = 1  # repeated while the server compiled kernels during it (`pytest_moeperf.serving.analysis.jit`)
     compiles: int | None = None  # the kernel compiles the server logged during the passes (None: no log read)
 
     def context(self) -> dict[str, JSONScalar]:

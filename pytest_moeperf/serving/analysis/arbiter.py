@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_moeperf.serving.prometheus import Scrape, histogram_mean_delta
+from pytest_moeperf.serving.analysis.prometheus import Scrape, histogram_mean_delta
 
 __all__ = ["ENGINE_HISTOGRAMS", "ENGINE_METRICS", "EngineFigures", "engine_figures"]
 

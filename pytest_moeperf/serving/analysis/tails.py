@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pytest_moeperf.judging import stats
 from pytest_moeperf.judging.verdict import Status, Verdict, inconclusive
 from pytest_moeperf.ledger import JSONScalar
-from pytest_moeperf.serving.metrics import percentile
+from pytest_moeperf.serving.analysis.metrics import percentile
 
 __all__ = ["TAIL_CONFIDENCE", "TAIL_METRICS", "TailBound", "judge_tail", "requests_needed", "tail_bound",
            "tail_names", "window_count"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_moeperf.serving.prometheus import Scrape
+from pytest_moeperf.serving.analysis.prometheus import Scrape
 
 __all__ = [
     "AcceptanceStats",

@@ -9,7 +9,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_moeperf.serving.loadgen import Request
+from pytest_moeperf.serving.load.loadgen import Request
 
 __all__ = ["prompt_set_requests", "random_token_requests", "spread_outputs"]
 
