@@ -21,6 +21,7 @@ from pytest_moeperf.judging.shift import Family, family_views, in_moved_families
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
+from pytest_moeperf.machine import probe
 from pytest_moeperf.machine.provenance import git_commit_info
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
@@ -222,7 +223,8 @@ class Conclusion:
     def provenance(self) -> dict[str, Any]:
         return {"date": _now(), "git_commit": self.commit["id"], "git_dirty": self.commit["dirty"],
                 "software": dict(self.topology.software), "driver": self.topology.driver_version,
-                "cuda": self.topology.cuda_version, "fingerprint_hash": self.fingerprint.hash, "host_id": self.host}
+                "cuda": self.topology.cuda_version, "fingerprint_hash": self.fingerprint.hash, "host_id": self.host,
+                "boot_id": probe.boot_id()}
 
     def machine_info(self) -> dict[str, Any]:
         info = document.base_machine_info()
@@ -298,9 +300,13 @@ class Conclusion:
             out.append((f"moeperf: {len(cross_host)} metric(s) REGRESSED against other hosts' baselines, beyond their "
                         "spread between hosts and not in a family that moved as a whole: the session fails", True))
             out += [(f"  {v.key.rsplit('::', 1)[0]}::{v.message()}", True) for v in cross_host]
-        improved = sum(1 for v in verdicts if v.status is Status.IMPROVED)
-        if improved and not self.settings.update:
-            out.append((f"{improved} metric(s) improved: refresh with --moeperf-update", False))
+        improved = [v for v in verdicts if v.status is Status.IMPROVED]
+        confirmed = sum(v.reason_to_rerecord for v in improved)
+        if confirmed and not self.settings.update:
+            out.append((f"{confirmed} metric(s) improved: refresh with --moeperf-update", False))
+        if len(improved) > confirmed and not self.settings.update:
+            out.append((f"{len(improved) - confirmed} metric(s) IMPROVED but not confirmed (one round, or inside a "
+                        "family that moved as a whole): not a reason to re-record yet", False))
         undecided = ledger.undecided()
         if self.settings.strict and (undecided or ledger.warnings):
             out.append((f"moeperf: --moeperf-strict: {len(undecided)} metric(s) INCONCLUSIVE or MISSING and "

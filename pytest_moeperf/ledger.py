@@ -27,6 +27,9 @@ WORKLOAD = "workload"
 #: cache, ``cold`` or ``warm``): a test that measured one state this run is not expected to measure the other's
 #: metrics, so their baselines are not MISSING (the summary notes them)
 STATE = "state"
+#: how ``Ledger.tests`` says a test skipped, and how ``--moeperf-deadline``'s skip reason begins (a batch counts
+#: the tests it skipped)
+SKIPPED, DEADLINE_SKIP = "test skipped: ", "--moeperf-deadline "
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,10 @@ class Ledger:
         """A test ran (``why`` empty) or did not measure (``why`` says so); its first word stands."""
         if not self.tests.get(nodeid):
             self.tests[nodeid] = why
+
+    def deadline_skipped(self) -> list[str]:
+        """The tests ``--moeperf-deadline`` skipped (in any round), in the order they ran."""
+        return [nodeid for nodeid, why in self.tests.items() if why.startswith(SKIPPED + DEADLINE_SKIP)]
 
     def warn(self, text: str) -> None:
         if text not in self.warnings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import time
@@ -18,9 +19,10 @@ from pytest_moeperf.machine import emulation, markers, placement, probe
 from pytest_moeperf.machine import topology as topology_mod
 from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.processes import rounds
+from pytest_moeperf.processes import rounds, termination
 from pytest_moeperf.processes.children import ONLY_ENV, read_only
 from pytest_moeperf.runtime import (
+    child_key,
     perf_key,
     restore_env_key,
     session_key,
@@ -102,10 +104,24 @@ def pytest_configure(config: pytest.Config) -> None:
     state.placement_note = placement.shared_cores_note(config, placed)
     config.stash[session_key] = state
     config.pluginmanager.register(state, "moeperf-session")
+    if resolved.round_of is not None and not hasattr(config, "workerinput"):
+        # a child of --moeperf-rounds or moeperf ab: SIGTERM interrupts it as Ctrl-C does (fixtures torn down)
+        child = contextlib.ExitStack()
+        child.enter_context(termination.sigterm_interrupts())
+        config.stash[child_key] = child
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
+    """An interrupted child (its parent's Ctrl-C or SIGTERM, or the parent-death signal) stops, after its fixtures'
+    teardown, whatever it still runs: nothing it started outlives it."""
+    if child_key in session.config.stash and exitstatus == pytest.ExitCode.INTERRUPTED:
+        termination.after_interrupted_session()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     config.stash.get(restore_env_key, lambda: None)()
+    config.stash.get(child_key, contextlib.ExitStack()).close()
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)

@@ -14,8 +14,9 @@ One start a side makes each side's verdicts cover that start: two starts of one 
 ``--serve-fresh`` (`Servers.restarted`) stops and starts both before every pair, so each pair has its own two
 starts and the difference between starts becomes noise between pairs, at a server start a pair.
 
-The servers are stopped at the end, also on Ctrl-C or a failed side: SIGINT to ``moeperf serve``, which stops its
-vLLM server, then whatever of its session is left gets SIGTERM and SIGKILL.
+The servers are stopped at the end, also on Ctrl-C, SIGTERM or a failed side: SIGINT to ``moeperf serve``, which
+stops its vLLM server, then whatever of its session is left gets SIGTERM and SIGKILL. Should ``moeperf ab`` be
+killed, the parent-death signal (SIGINT) stops them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pytest_moeperf.processes.lifecycle import (
     terminate_sessions,
     wait_all,
 )
+from pytest_moeperf.processes.termination import die_with_parent
 
 __all__ = ["ServerError", "Servers"]
 
@@ -89,8 +91,9 @@ class Servers:
             url_file, log = self.scratch / f"serve-{name}{n}.url", self.scratch / f"serve-{name}{n}.log"
             argv = [side.python, "-m", "pytest_moeperf.cli", "serve", self.profile, "--url-file", str(url_file),
                     "--timeout", f"{self.timeout_s:g}", "--log-dir", str(self.scratch / f"server-logs-{name}{n}")]
-            self.servers[name] = SideServer(name, start_in_session(argv, log=log, env=side.environ(), cwd=side.cwd),
-                                            url_file, log)
+            # SIGINT when moeperf ab dies (even by SIGKILL): moeperf serve then stops its vLLM server
+            proc = start_in_session(argv, log=log, env=side.environ(), cwd=side.cwd, preexec_fn=die_with_parent())
+            self.servers[name] = SideServer(name, proc, url_file, log)
             self.echo(f"moeperf ab: starting {name}'s server ({self.profile}), log {log}")
         deadline = started + self.timeout_s + 60.0
         for server in self.servers.values():

@@ -16,10 +16,12 @@ or what the noise allows, whichever is larger. The noise term is ``noise_k`` × 
   REGRESSED or IMPROVED (INCONCLUSIVE names why: too few stored runs, or a baseline from another host).
 
 **Quiet floor.** Where the minimum effect is the default (no test, marker or option names one), the baseline's
-runs come from this host in at least 2 sittings (so the box's day-to-day state is in the spread) and the noise term
-is below the minimum effect, the mde may go down to ``quiet_floor`` (``--moeperf-quiet-floor``, default 3 %): a
-graph-timed GEMM whose runs agree to 0.3 % can detect a 3 % change, while a serving TPOT that moves 20 % between
-sittings keeps its noise term.
+runs come from this host in at least 2 sittings (so the box's day-to-day state is in the spread; updates less than
+an hour apart on one boot are one sitting: `store.entries.sittings`) and the noise term is below the minimum
+effect, the mde may go down to ``quiet_floor`` (``--moeperf-quiet-floor``, default 3 %): a graph-timed GEMM whose
+runs agree to 0.3 % can detect a 3 % change, while a serving TPOT that moves 20 % between sittings keeps its noise
+term. Runs of one sitting teach the spread within a sitting only: two updates 1.5 minutes apart, counted as two
+sittings, let a same-box A/A read 2 of 19 GEMM cases IMPROVED at -3.6 % and -3.9 %.
 
 ``noise_k`` defaults to 3: for a normal spread, a run median lands more than 3 σ on the worse side about 1 time in
 740, so a 1,000-metric GPU session sees about one false crossing per run before confirmation re-measures it.
@@ -61,7 +63,8 @@ class Reference:
     within_rel_iqr: float = 0.0  # the largest IQR/median among the stored runs
     #: medians of this host's last accepted sessions in the perf history (same unit, direction and re-record)
     history_medians: tuple[float, ...] = ()
-    #: how many updates (sittings) the runs came from: the rounds of one update share the box's state of that hour
+    #: how many sittings the runs came from (`store.entries.sittings`: updates an hour or a reboot apart); the
+    #: rounds of one sitting share the box's state of that hour
     sittings: int = 1
     #: None: the runs are this host's; else which other host(s) they come from ("2 other hosts")
     other_hosts: str | None = None

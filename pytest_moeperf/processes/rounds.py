@@ -7,7 +7,10 @@ directory, ini file and rootdir — with ``--moeperf-rounds 1``, a private ``--m
 to its own: every metric gets one round per child. Then it judges every metric on all its rounds; a metric that
 more rounds can still decide gets them — further children that run only the tests of such metrics, up to
 ``--moeperf-confirm`` of them — and the session ends as any other (`conclude`): reports, and under
-``--moeperf-update`` one run per storable round, in one transaction, only when every round finished.
+``--moeperf-update`` one run per storable round, in one transaction, only when every round finished. Ctrl-C or
+SIGTERM interrupts the running child (which tears its fixtures down), removes the temporary directories and ends
+the session with nothing written: exit 2 (interrupted) or 143 (terminated); a child whose parent was killed is
+interrupted by the parent-death signal (`termination`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pytest_moeperf.judging.judge import MetricChanged, budget_ended
 from pytest_moeperf.judging.thresholds import ThresholdError
 from pytest_moeperf.ledger import Ledger
 from pytest_moeperf.processes.children import ONLY_ENV, ChildResult, only_file, run_child
+from pytest_moeperf.processes.termination import EXIT_TERMINATED, Terminated, sigterm_interrupts
 from pytest_moeperf.settings import ROUND_ENV
 from pytest_moeperf.store.entries import BaselineError
 
@@ -57,6 +61,9 @@ def _round(config: pytest.Config, label: str, env: dict[str, str]) -> ChildResul
     try:
         done = run_child(config.invocation_params.args, config.invocation_params.dir, env, sys.executable,
                          echo=line if config.get_verbosity() >= 0 else None)
+    except Terminated:
+        line(f"moeperf: terminated (SIGTERM) in round {label}: nothing written", red=True)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         line(f"moeperf: interrupted in round {label}: nothing written", red=True)
         return int(pytest.ExitCode.INTERRUPTED)
@@ -87,7 +94,17 @@ def unsettled_tests(ledger: Ledger) -> list[str]:
 
 
 def run(config: pytest.Config, state: Conclusion) -> int:
-    """Run the rounds (and the extra rounds of unsettled tests), judge, end the session; the exit code."""
+    """Run the rounds (and the extra rounds of unsettled tests), judge, end the session; the exit code. SIGTERM
+    interrupts it as Ctrl-C does (the child is interrupted and stopped, nothing written), exit 143."""
+    with sigterm_interrupts():
+        try:
+            return _run(config, state)
+        except Terminated:  # between the rounds (a round's own says which round)
+            line("moeperf: terminated (SIGTERM) between the rounds", red=True)
+            return EXIT_TERMINATED
+
+
+def _run(config: pytest.Config, state: Conclusion) -> int:
     n, budget = state.settings.rounds, state.settings.confirm
     failed_tests = False
     for i in range(1, n + 1):

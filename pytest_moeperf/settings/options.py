@@ -145,9 +145,10 @@ OPTIONS: tuple[Option, ...] = (
            "judge it on all its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R",
            parse_count, 3),
     Option("quiet-floor", "quiet_floor", "the smallest mde of a quiet metric: one whose baseline runs come from this "
-           "host in 2 or more sittings and whose noise term is below the minimum effect (unset: 3 %, or 2 % when "
-           "every metric is measured in 3 or more processes, --moeperf-rounds 3; off: the minimum effect is always "
-           "the floor); a fraction below 1 (0.02) or a percentage (2%)", "FRAC|off", parse_floor, None),
+           "host in 2 or more sittings (updates an hour or a reboot apart) and whose noise term is below the minimum "
+           "effect (unset: 3 %, or 2 % when every metric is measured in 3 or more processes, --moeperf-rounds 3; "
+           "off: the minimum effect is always the floor); a fraction below 1 (0.02) or a percentage (2%)", "FRAC|off",
+           parse_floor, None),
     Option("host-id", "host_id", "name this host in the baselines it records and judges against (containers and "
            "runner pools whose machine id is not stable); default: a hash of the machine id and the GPUs' UUIDs",
            "NAME", parse_name, None),
@@ -221,8 +222,9 @@ class Settings:
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in
 #: `QUIET_PROCESSES` or more processes (``--moeperf-rounds``). Measured on 1x H200 (95 DeepSeek-V3 GEMM cases, 3
-#: sittings of 3 processes, each judged against the other two, docs/measurements/h200-2026-12-01-c.md): at 2 %,
-#: 0 of 1,140 A/A metrics flagged, GEMM ``time`` x 1.05 caught 95 %, x 1.03 87 %; at 3 %, x 1.03 14 %. Sessions
+#: updates of 3 processes, each judged against the other two, docs/measurements/h200-2026-12-01-c.md; recorded minutes
+#: apart, which is one sitting now, so replayed as if 2 h apart: real sittings may spread wider): at 2 %, 0 of 1,140
+#: A/A metrics flagged, GEMM ``time`` x 1.05 caught 95 %, x 1.03 87 %; at 3 %, x 1.03 14 %. Sessions
 #: of one process keep 3 %: between processes a case moves up to 2-3 % (p90 2.8 %), which a single process
 #: cannot average out (at 2 % it raised tflops false flags to 0.8-1.25 %).
 QUIET_FLOOR = 0.03
