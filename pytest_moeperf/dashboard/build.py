@@ -19,7 +19,7 @@ from pytest_moeperf.dashboard import abresults, changes, model, render
 from pytest_moeperf.dashboard.window import Window, select
 from pytest_moeperf.history.cli import open_history
 from pytest_moeperf.history.store import HistoryError, redact
-from pytest_moeperf.history.trend import Step
+from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, Step
 
 DEFAULT_SESSIONS = 100
 DEFAULT_SPARK = 30
@@ -36,6 +36,8 @@ class Options:
     sessions: int = DEFAULT_SESSIONS  # per lane (fingerprint x host)
     spark: int = DEFAULT_SPARK  # sessions in an index sparkline
     jobs: int = 1
+    max_pvalue: float = MAX_PVALUE  # the detector's settings, as `moeperf trend`'s
+    min_magnitude: float = MIN_MAGNITUDE
     ab: Sequence[Path] = ()
     commit_url: str | None = None  # a link template with {commit}
     title: str = "moeperf dashboard"
@@ -129,7 +131,7 @@ def build(options: Options, progress: Callable[[str], None] = lambda _: None) ->
     values = model.medians(series)
     progress(f"change points: {len(values)} series of {len(series)} metrics, {options.jobs} process(es)")
     clock = time.perf_counter()
-    steps = changes.all_steps(values, options.jobs)
+    steps = changes.all_steps(values, options.jobs, options.max_pvalue, options.min_magnitude)
     seconds["detect"] = time.perf_counter() - clock
     clock = time.perf_counter()
     files: dict[str, str | bytes] = {f"static/{k}": v for k, v in render.static_files().items()}

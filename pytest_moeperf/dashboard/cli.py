@@ -12,7 +12,8 @@ from pathlib import Path
 from pytest_moeperf.dashboard.build import DEFAULT_SESSIONS, DEFAULT_SPARK, DashboardError, Options, guarded
 from pytest_moeperf.dashboard.changes import default_jobs
 from pytest_moeperf.history.cli import ENV, default_target
-from pytest_moeperf.settings.checks import at_least, describe
+from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE
+from pytest_moeperf.settings.checks import at_least, describe, number_in, pvalue
 
 
 def commit_template(text: str) -> str:
@@ -45,6 +46,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-url", type=commit_template, default=None, metavar="TEMPLATE",
                    help="link each commit, e.g. https://github.com/ORG/REPO/commit/{commit} (default: this "
                         "GitHub Actions run's repository, else no link)")
+    p.add_argument("--max-pvalue", type=pvalue, default=MAX_PVALUE, metavar="P",
+                   help="significance of a change point (default: %(default)s, as moeperf trend)")
+    p.add_argument("--min-magnitude", type=number_in(0.0), default=MIN_MAGNITUDE, metavar="FRAC",
+                   help="smallest relative step shown (default: %(default)s, as moeperf trend)")
     p.add_argument("--title", default="moeperf dashboard", help="the index page's title (default: %(default)s)")
     p.add_argument("--jobs", type=at_least(1), default=None, metavar="N",
                    help="processes finding change points (default: the CPUs this process may use)")
@@ -55,7 +60,8 @@ def main_dashboard(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     options = Options(target=args.db or default_target(), out=args.out, sessions=args.sessions, spark=args.spark,
                       jobs=args.jobs or default_jobs(), ab=tuple(args.ab),
-                      commit_url=args.commit_url or ci_commit_url(), title=args.title)
+                      commit_url=args.commit_url or ci_commit_url(), title=args.title,
+                      max_pvalue=args.max_pvalue, min_magnitude=args.min_magnitude)
     start = time.perf_counter()
     try:
         built = guarded(options, lambda line: print(f"moeperf dashboard: {line}", file=sys.stderr, flush=True))

@@ -27,10 +27,10 @@ class Made:
 
 
 def fill(target: str, sessions: int = 24, step_at: int = 12, step: float = 0.10, noise: float = 0.005,
-         topic_from: int | None = 20, seed: int = 11) -> Made:
-    """``sessions`` sessions an hour apart, alternating between two hosts, each its own commit; four GEMM cases and
-    three all-reduce sizes; every GEMM case ``step`` slower from session ``step_at`` on (verdict REGRESSED there,
-    with a reason); sessions from ``topic_from`` on are on branch ``topic``."""
+         topic_from: int | None = 20, seed: int = 11, every: dt.timedelta = dt.timedelta(hours=8)) -> Made:
+    """``sessions`` sessions ``every`` apart (24: 8 days), alternating between two hosts, each its own commit; four
+    GEMM cases and three all-reduce sizes; every GEMM case ``step`` slower from session ``step_at`` on (verdict
+    REGRESSED there, with a reason); sessions from ``topic_from`` on are on branch ``topic``."""
     rng = random.Random(seed)
     first: dict[str, str] = {}
     with HistoryStore.open(target) as store:
@@ -38,7 +38,7 @@ def fill(target: str, sessions: int = 24, step_at: int = 12, step: float = 0.10,
             host = HOSTS[i % 2]
             branch = "topic" if topic_from is not None and i >= topic_from else "main"
             versions = {"torch": "2.13.0", "vllm": "0.32.0" if i < step_at else "0.33.0"}
-            finished = dt.datetime(2026, 11, 1, tzinfo=dt.UTC) + dt.timedelta(hours=i)
+            finished = dt.datetime(2026, 11, 1, tzinfo=dt.UTC) + every * i
             run = SessionRecord(finished=finished.isoformat(timespec="seconds"), fingerprint="cpu-2c-test",
                                 fingerprint_hash="0123456789ab", git_commit=commit_of(i), host="node",
                                 versions=versions, host_id=host, branch=branch)
