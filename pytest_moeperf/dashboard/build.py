@@ -21,7 +21,7 @@ from pytest_moeperf.history.cli import open_history
 from pytest_moeperf.history.store import HistoryError, redact
 from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, Step
 
-DEFAULT_SESSIONS = 100
+DEFAULT_SESSIONS = 50  # Otava's own window: one change-point search a series
 DEFAULT_SPARK = 30
 
 
