@@ -106,7 +106,8 @@
 
   /* ------------------------------------------------------------------ index */
   function sparkline(ys, marks) {
-    var w = 160, h = 30, pad = 3, lo = Math.min.apply(null, ys), hi = Math.max.apply(null, ys);
+    // at least 0.95 .. 1.05 tall: noise of a few percent stays small beside a step of ten
+    var w = 160, h = 30, pad = 3, lo = Math.min(0.95, Math.min.apply(null, ys)), hi = Math.max(1.05, Math.max.apply(null, ys));
     var span = Math.max(hi - lo, 1e-9), x = function (i) { return ys.length < 2 ? w / 2 : pad + i * (w - 2 * pad) / (ys.length - 1); };
     var y = function (v) { return h - pad - (v - lo) * (h - 2 * pad) / span; };
     var node = svg("svg", {width: w, height: h, viewBox: "0 0 " + w + " " + h, class: "spark"});
@@ -115,7 +116,8 @@
     marks.forEach(function (i) { node.appendChild(svg("circle", {cx: x(i), cy: y(ys[i]), r: 2.8, fill: STEP, class: "step"})); });
     node.appendChild(svg("circle", {cx: x(ys.length - 1), cy: y(ys[ys.length - 1]), r: 2, fill: "#000"}));
     var title = svg("title", {});
-    title.textContent = "level (median of value / case median): " + fmt(lo) + " .. " + fmt(hi);
+    title.textContent = "level (median over cases of value / case median): " + fmt(Math.min.apply(null, ys)) + " .. " +
+      fmt(Math.max.apply(null, ys)) + "; scale " + fmt(lo) + " .. " + fmt(hi);
     node.appendChild(title);
     return node;
   }
@@ -166,7 +168,7 @@
     });
     main.appendChild(el("p", {id: "summary", text: rows + " famil" + (rows === 1 ? "y" : "ies") + " shown, " + stepped +
       " with change points in the window. A sparkline is the family's level over the last " + P.spark +
-      " sessions shown of each host (each case's value over its median); red dots: change points."}));
+      " sessions shown of each host (each case's value over its median; the scale spans at least ±5 %); red dots: change points."}));
     main.appendChild(el("table", {id: "index"}, [el("thead", {}, [el("tr", {}, [el("th", {text: "suite"}),
       el("th", {text: "family"}), el("th", {text: "hosts: level, latest verdicts, change points"})])]), body]));
   }
