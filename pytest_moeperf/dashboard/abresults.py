@@ -89,11 +89,14 @@ def read(paths: Sequence[Path]) -> list[AbReport]:
 
 def by_session(reports: Sequence[AbReport], window: Window) -> dict[int, list[AbReport]]:
     """The reports whose head commit is each session's commit (on the same fingerprint when both name one)."""
+    by_commit: dict[str, list[AbReport]] = {}
+    for report in reports:
+        if report.commit:
+            by_commit.setdefault(report.commit, []).append(report)
     matched: dict[int, list[AbReport]] = {}
     for s in window.sessions:
-        for report in reports:
-            if report.commit and report.commit == s.run.git_commit and (
-                    report.fingerprint_hash is None or report.fingerprint_hash == s.run.fingerprint_hash):
+        for report in by_commit.get(s.run.git_commit or "", ()):
+            if report.fingerprint_hash is None or report.fingerprint_hash == s.run.fingerprint_hash:
                 matched.setdefault(s.id, []).append(report)
     return matched
 
