@@ -34,6 +34,8 @@ def all_steps(series: Mapping[K, Sequence[float]], jobs: int = 1, max_pvalue: fl
                               strict=True):
             found[key] = steps
         return found
+    import otava.analysis  # noqa: F401 - once here: the forked workers inherit it instead of each importing scipy
+
     size = max(1, len(keys) // (jobs * 8))  # a few batches per worker: even out, little pickling
     batches = [keys[i:i + size] for i in range(0, len(keys), size)]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
