@@ -202,10 +202,13 @@
       data.push(column(l.p, function (p) { return p[1]; }));
       series.push({label: laneName(l.lane), stroke: color, width: 1.5, spanGaps: true, points: {show: true, size: 5}});
       if (l.p.some(function (p) { return p[4] !== null; })) {
+        data.push(column(l.p, function (p) { return p[4]; }));
+        series.push({label: S.lanes[l.lane].host + " baseline", stroke: color + "99", width: 1, dash: [8, 4], spanGaps: true,
+                     points: {show: false}});
         data.push(column(l.p, function (p) { return p[4] === null ? null : p[4] * (1 + (p[5] || 0)); }));
-        series.push({label: "baseline + mde", stroke: color + "55", width: 1, dash: [4, 4], spanGaps: true, points: {show: false}});
+        series.push({label: "+ mde", stroke: color + "55", width: 1, dash: [2, 4], spanGaps: true, points: {show: false}});
         data.push(column(l.p, function (p) { return p[4] === null ? null : p[4] * (1 - (p[5] || 0)); }));
-        series.push({label: "baseline − mde", stroke: color + "55", width: 1, dash: [4, 4], spanGaps: true, points: {show: false}});
+        series.push({label: "− mde", stroke: color + "55", width: 1, dash: [2, 4], spanGaps: true, points: {show: false}});
         bands.push({series: [data.length - 2, data.length - 1], fill: color + "1a"});
       }
     });
@@ -226,13 +229,18 @@
         var left = Math.round(u.valToPos(s.x, "x", true));
         ctx.strokeStyle = STEP; ctx.lineWidth = 2 * devicePixelRatio; ctx.setLineDash([6, 4]);
         ctx.beginPath(); ctx.moveTo(left, top); ctx.lineTo(left, top + height); ctx.stroke();
-        ctx.fillStyle = STEP; ctx.font = (11 * devicePixelRatio) + "px sans-serif";
+        ctx.fillStyle = STEP; ctx.font = (11 * devicePixelRatio) + "px sans-serif"; ctx.textAlign = "left";
         ctx.fillText(pct(s.step.rel) + " " + (session(s.step.s).commit || "").slice(0, 7), left + 4, top + (14 + 13 * (k % 4)) * devicePixelRatio);
       });
       ctx.restore();
     }
+    // the y range holds the medians and the baselines; a wide tolerance band is clipped rather than squashing them
+    var seen = [];
+    lanes.forEach(function (l) { l.p.forEach(function (p) { seen.push(p[1]); if (p[4] !== null) seen.push(p[4]); }); });
+    var low = Math.min.apply(null, seen), high = Math.max.apply(null, seen), pad = Math.max((high - low) * 0.08, Math.abs(high) * 0.01);
     chart = new uPlot({width: Math.max(480, Math.min(box.clientWidth || 1100, 1400)), height: 380, series: series,
-                       bands: bands, scales: {x: {time: true}}, axes: [{}, {label: P.unit, size: 70}],
+                       bands: bands, scales: {x: {time: true}, y: {range: function () { return [low - pad, high + pad]; }}},
+                       axes: [{}, {label: P.unit, size: 70}], legend: {live: false},
                        hooks: {draw: [drawSteps]}, cursor: {drag: {x: true, y: false}}}, data, box);
     chart.over.addEventListener("click", function () {
       var i = chart.cursor.idx; if (i === null || i === undefined) return;
@@ -240,8 +248,8 @@
       Object.keys(xOf).forEach(function (sid) { if (xOf[sid] === xs[i]) row = document.getElementById("s" + sid); });
       if (row) { document.querySelectorAll("tr.hl").forEach(function (r) { r.classList.remove("hl"); }); row.classList.add("hl"); row.scrollIntoView({block: "center"}); }
     });
-    main.appendChild(el("p", {class: "caption", text: "Each host's medians; dashed: its baseline ± mde, the band a " +
-      "verdict tolerates; large marks: REGRESSED, IMPROVED, INCONCLUSIVE; pink dashed lines: change points. Click a " +
+    main.appendChild(el("p", {class: "caption", text: "Each host's medians; dashed: its baseline, dotted and shaded: ± mde, the band a " +
+      "verdict tolerates (clipped when wider than the data); large marks: REGRESSED, IMPROVED, INCONCLUSIVE; pink dashed lines: change points. Click a " +
       "point for its session below."}));
     stepTable(steps);
     sessionTable(lanes);
