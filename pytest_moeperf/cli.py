@@ -1,5 +1,5 @@
 """The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget``, ``ab``, ``batch``
-(and the wings' ``history``, ``trend``, ``attribute``, ``serve``)."""
+(and the wings' ``history``, ``trend``, ``dashboard``, ``attribute``, ``serve``)."""
 
 from __future__ import annotations
 
@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("ab", help="base against head on this box: interleaved pytest processes, judged paired",
                    add_help=False)
+    sub.add_parser("dashboard", help="a static perf dashboard (HTML) of a history: every metric's series, change "
+                   "points and verdicts per host", add_help=False)
     sub.add_parser("batch", help="the perf suites of this checkout in one command: steps, rounds, update and A/A, "
                    "a time budget, outputs in one folder", add_help=False)
     return parser
@@ -183,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf.serving.cli import main_serve
 
         return main_serve(args_list[1:])
+    if args_list[:1] == ["dashboard"]:
+        from pytest_moeperf.dashboard.cli import main_dashboard
+
+        return main_dashboard(args_list[1:])
     if args_list[:1] == ["batch"]:
         from pytest_moeperf.batch.cli import main_batch
 

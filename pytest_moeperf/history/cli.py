@@ -35,7 +35,11 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 
 def _open(args: argparse.Namespace) -> HistoryStore:
-    target = getattr(args, "db", None) or default_target()
+    return open_history(getattr(args, "db", None) or default_target())
+
+
+def open_history(target: str) -> HistoryStore:
+    """An existing history, to read: a SQLite file that is missing is an error here (opening would create it)."""
     if not is_postgresql(target):
         scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
         if scheme and scheme.group(1) != "sqlite":

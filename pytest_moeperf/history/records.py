@@ -56,6 +56,7 @@ class MetricRecord:
     change: float | None = None
     allowed: float | None = None
     baseline: float | None = None
+    reason: str | None = None  # why the verdict is what it is (the report's ``extra_info.reason``)
 
     @property
     def key(self) -> str:
@@ -144,7 +145,8 @@ def metric_from_benchmark(bench: Mapping[str, Any]) -> MetricRecord:
                         n=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else 0,
                         iqr=_number(stats.get("iqr")) or 0.0, status=str(info.get("verdict") or "UNKNOWN"),
                         change=_number(info.get("change")), allowed=_number(info.get("mde", info.get("allowed"))),
-                        baseline=_number(info.get("baseline_median")))
+                        baseline=_number(info.get("baseline_median")),
+                        reason=str(info["reason"]) if info.get("reason") else None)
 
 
 def records_from_report(doc: Mapping[str, Any], started: str | None = None) -> tuple[SessionRecord, list[MetricRecord]]:
