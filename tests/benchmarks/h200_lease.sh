@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# h200_lease.sh STEP - the steps of one planned lease of a lent 1xH200 (the device tool), run from the checkout's
+# root there; everything that comes back is under $OUT (at most 8 files: each step packs its folder into one .tgz).
+#
+#   install  join the carried vLLM 0.26.0 parts (.vp1-.vp4, ../shared/tools/vllm-gpu-carry.sh) and the wheels in
+#            .whl (HolisticTraceAnalysis), install them into /tmp/site, compile their bytecode (16 cores, ~2 s)
+#   record   moeperf batch serving --update --no-aa: every TP=1 serving and spec-decode profile, its default
+#            number of starts (--moeperf-starts: 3 on a GPU), into baselines/1x-h200
+#   judge    moeperf batch serving: a later sitting judged against what is stored
+#   ab       moeperf ab --serve gpu-tiny-tp1-nospec, fresh starts a pair, head's TPOT and throughput samples x1.05
+#            (tests/benchmarks/moeperf_inject.py); the metrics it leaves alone are the run's own A/A
+#   kimi     scripts/gpu-kimi-rank.sh: the full-depth Kimi-K2.5 rank, 3 starts, windows, attribution, budget
+#
+# Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7).
+# The lease's steps are chained within ~30 s of each other (the machine goes back when idle), so each is one line.
+set -uo pipefail
+STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi}
+OUT=${OUT:?set OUT}; LIMIT=${LIMIT:-560}
+ROOT=$PWD
+export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+W=/tmp/lease/$STEP; rm -rf "$W"; mkdir -p "$W"
+moeperf() { python3 -m pytest_moeperf.cli "$@"; }
+pack() {  # the step's folder (and what else is named) as one file under $OUT
+  tar czf "$OUT/$STEP.tgz" -C / "${W#/}" "$@" 2>/dev/null; ls -l "$OUT"
+}
+facts() {
+  { date -u; git log --oneline -1; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,\
+power.draw --format=csv,noheader; nproc; python3 -c 'import vllm, torch; print("vllm", vllm.__version__, "torch",
+torch.__version__)' 2>&1 | tail -1; } > "$W/facts.txt" 2>&1
+  cat "$W/facts.txt"
+}
+
+case $STEP in
+install)
+  mkdir -p /tmp/vp && cp .vp4/* /tmp/vp/ && cd /tmp/vp && cat vllm.tar.[0-9][0-9] > vllm.tar &&
+    sha256sum -c vllm.sha256 || { echo "PARTS MISSING OR BAD"; ls -l /tmp/vp; exit 3; }
+  rm -rf w /tmp/site && mkdir w && tar xf vllm.tar -C w && rm vllm.tar
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site w/*.whl \
+    "$ROOT"/.whl/*.whl || exit 4
+  cd "$ROOT"
+  t0=$SECONDS; python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1; echo "bytecode: $((SECONDS - t0)) s"
+  facts
+  ;;
+record|judge)
+  facts
+  args=(serving --deadline "$((LIMIT - 25))" --grace 30 --out "$W/batch")
+  [[ $STEP == record ]] && args+=(--update --no-aa)
+  timeout -s INT -k 20 "$LIMIT" python3 -m pytest_moeperf.cli batch "${args[@]}"
+  echo "batch exit $?"
+  pack "${ROOT#/}/baselines/1x-h200"
+  ;;
+ab)
+  facts
+  export PYTHONPATH=$PYTHONPATH:$ROOT/tests/benchmarks
+  timeout -s INT -k 30 "$LIMIT" python3 -m pytest_moeperf.cli ab --serve gpu-tiny-tp1-nospec --pairs "${PAIRS:-7}" \
+    --max-pairs "${PAIRS:-7}" --head-env 'MOEPERF_INJECT=*::*tpot*=1.05,*::*throughput*=1.05' \
+    --report "$W/ab.json" --markdown "$W/ab.md" -- suites/serving -k "closed_loop and tiny-moe-c16]" \
+    -p moeperf_inject --moeperf-tolerance 0.025 > "$W/ab.log" 2>&1
+  echo "ab exit $?"; tail -60 "$W/ab.log"
+  pack
+  ;;
+kimi)
+  OUT=$W DEADLINE=$((LIMIT - 20)) bash scripts/gpu-kimi-rank.sh
+  pack
+  ;;
+*) echo "unknown step $STEP"; exit 2 ;;
+esac
