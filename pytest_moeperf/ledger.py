@@ -23,6 +23,9 @@ JSONScalar = str | int | float | bool | None
 LEDGER_SCHEMA = 1
 #: the context key that names what a test measured (e.g. a serving window's requests): part of its metrics' identity
 WORKLOAD = "workload"
+#: the context key that names what one round of the metric stands for when it is not one call of the test (e.g.
+#: "server start": a serving window is one observation of its server's start; `Record.unit_counts` counts by it)
+ROUND_UNIT = "round_unit"
 
 
 @dataclass(frozen=True)

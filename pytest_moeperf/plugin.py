@@ -18,7 +18,7 @@ from pytest_moeperf.machine import emulation, markers, placement, probe
 from pytest_moeperf.machine import topology as topology_mod
 from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.processes import rounds
+from pytest_moeperf.processes import rounds, starts
 from pytest_moeperf.processes.children import ONLY_ENV, read_only
 from pytest_moeperf.runtime import (
     perf_key,
@@ -102,6 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state.placement_note = placement.shared_cores_note(config, placed)
     config.stash[session_key] = state
     config.pluginmanager.register(state, "moeperf-session")
+    config.pluginmanager.register(starts.Starts(state, config.stash[started_key]), "moeperf-starts")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -176,7 +177,8 @@ def moeperf_settings(pytestconfig: pytest.Config) -> settings.Settings:
 def perf(request: pytest.FixtureRequest) -> Generator[Perf, None, None]:
     """Record metrics: ``perf.record(name, samples, unit=..., better="lower"|"higher")``."""
     topo = request.config.stash[session_key].topology
-    recorder = Perf(request.node.nodeid, simulated_from=topo.source if topo.simulated else None)
+    unit = request.config.hook.pytest_moeperf_round_unit(config=request.config, item=request.node)
+    recorder = Perf(request.node.nodeid, simulated_from=topo.source if topo.simulated else None, round_unit=unit)
     request.node.stash[perf_key] = recorder
     yield recorder
 

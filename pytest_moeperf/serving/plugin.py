@@ -273,6 +273,24 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
     return [Section("Speculative decoding: draft candidates", columns, tuple(table), note)]
 
 
+#: what a serving or spec-decode test's round stands for on a server this session launches
+SERVER_START = "server start"
+
+
+def pytest_moeperf_round_unit(config: pytest.Config, item: pytest.Item) -> str | None:
+    """A test on a server this session launches (``served``, or a speed-up's ``candidate_name``) measures that
+    server's start: one observation of it a process (`pytest_moeperf.processes.starts`). An attached server is
+    somebody else's: its tests are ordinary."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    profiles = config.stash.get(_profiles_key, None)
+    for key in ("served", "candidate_name"):
+        name = params.get(key)
+        profile = profiles.get(name) if isinstance(name, str) and profiles is not None else None
+        if profile is not None and profile.attached_url is None:
+            return SERVER_START
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_moeperf_verdict(measurement: Measurement) -> Generator[None, Verdict | None, Verdict | None]:
     """Tail percentiles: whichever judge gave the verdict (the core's default, or a conftest's), a REGRESSED or

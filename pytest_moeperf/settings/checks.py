@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 __all__ = ["at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
            "parse_bool", "parse_cores", "parse_count", "parse_factor", "parse_floor", "parse_fraction", "parse_name",
-           "parse_percent", "parse_positive", "parse_seconds", "pvalue"]
+           "parse_percent", "parse_positive", "parse_seconds", "parse_starts", "pvalue"]
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -162,6 +162,11 @@ def parse_percent(text: str) -> float:
 def parse_cores(text: str) -> float | None:
     """A number of CPU cores >= 0, e.g. ``0.5``; ``auto`` (None): chosen from the CPUs this process may use."""
     return None if text.strip().lower() == "auto" else number_in(0.0)(text)
+
+
+def parse_starts(text: str) -> int | None:
+    """A number of server starts >= 1, or ``auto`` (None): chosen from the machine (`options.starts_of`)."""
+    return None if text.strip().lower() == "auto" else at_least(1)(text)
 
 
 def parse_bool(text: str) -> bool:
