@@ -36,6 +36,7 @@ from pytest_moeperf.health.gate import HealthGate, usable_cpus
 from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Section
 from pytest_moeperf.machine.topology import Topology
+from pytest_moeperf.serving.analysis.agreement import AGREE, PAIRS, ratio_of, which_moved
 from pytest_moeperf.serving.analysis.metrics import percentile
 from pytest_moeperf.serving.analysis.specdecode import CandidateRow, comparison_table
 from pytest_moeperf.serving.analysis.tails import LOW, judge_tail
@@ -230,9 +231,50 @@ def served(request: pytest.FixtureRequest, serve: Pool) -> Served:
     return serve(name)
 
 
-def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:
-    """The draft-candidate table: acceptance length, TPOT, throughput and speedup per profile and concurrency,
-    built from what the spec-decode tests recorded (their context carries ``spec_method``)."""
+def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement],
+                                   verdicts: dict[str, Verdict] | None = None) -> list[Section]:
+    """The draft-candidate table (acceptance length, TPOT, throughput and speedup per profile and concurrency,
+    built from what the spec-decode tests recorded: their context carries ``spec_method``), and the client/server
+    table of every window (`client_server_section`)."""
+    return [*candidate_section(measurements), *client_server_section(measurements, verdicts or {})]
+
+
+def client_server_section(measurements: list[Measurement], verdicts: dict[str, Verdict]) -> list[Section]:
+    """Per window: client mean / server mean of TPOT and TTFT over its plateau (the median over its rounds), and,
+    where one left ±3 %, which side moved against its own baseline (`agreement.which_moved`)."""
+    windows: dict[str, dict[str, Measurement]] = {}
+    for m in measurements:
+        if m.name in {name for pair in PAIRS.values() for name in pair}:
+            windows.setdefault(m.test_id, {})[m.name] = m
+    rows = []
+    for test_id, found in windows.items():
+        def value(name: str, found: dict[str, Measurement] = found, test_id: str = test_id) -> float | None:
+            v = verdicts.get(f"{test_id}::{name}")
+            if v is not None and v.estimate is not None:
+                return v.estimate
+            return percentile(found[name].samples, 50.0) if name in found else None
+
+        cells: list[str] = []
+        moved: list[str] = []
+        for metric in PAIRS:
+            ratio = ratio_of({name: value(name) for name in PAIRS[metric]}, metric)
+            cells.append("-" if ratio is None else f"{ratio:.3f}")
+            if ratio is not None and abs(ratio - 1.0) > AGREE:
+                changes = [getattr(verdicts.get(f"{test_id}::{name}"), "change", None) for name in PAIRS[metric]]
+                moved.append(f"{metric.upper()}: {which_moved(ratio, *changes)}")
+        if any(c != "-" for c in cells):
+            rows.append((test_id, *cells, "; ".join(moved) or "agree"))
+    if not rows:
+        return []
+    note = (f"client mean / server mean over each window's plateau (medians over its rounds); outside ±{AGREE * 100:g} "
+            "%: the side that moved more against its own baseline. TTFT: the client's adds the request's parsing and "
+            "the first chunk's delivery")
+    return [Section("Client and server", ("window", "TPOT client/server", "TTFT client/server", "outside ±3 %"),
+                    tuple(rows), note)]
+
+
+def candidate_section(measurements: list[Measurement]) -> list[Section]:
+    """The draft-candidate table of the spec-decode tests."""
     groups: dict[tuple[str, int], dict[str, Measurement]] = {}
     methods: dict[tuple[str, int], str] = {}
     for m in measurements:
@@ -256,7 +298,7 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
                 profile=key[0],
                 method=methods[key],
                 concurrency=key[1],
-                tpot_ms=median("engine_tpot_ms") or median("tpot_ms") or 0.0,
+                tpot_ms=median("engine_tpot_mean_ms") or median("tpot_ms") or 0.0,
                 output_throughput=median("output_throughput") or 0.0,
                 acceptance_length=median("acceptance_length"),
                 acceptance_rate=median("acceptance_rate"),
