@@ -113,9 +113,11 @@ def settled(verdict: Verdict) -> bool:
     return not verdict.more_rounds_help
 
 
-def budget_ended(verdict: Verdict, budget: int, how: str) -> Verdict:
-    """``verdict`` after its confirmation budget ran out while more rounds could still have decided it."""
+def budget_ended(verdict: Verdict, budget: int, how: str, ended_by: str | None = None) -> Verdict:
+    """``verdict`` after its confirmation budget (or what ``ended_by`` names) ran out while more rounds could still
+    have decided it."""
     if verdict.status is not Status.INCONCLUSIVE or not verdict.more_rounds_help:
         return verdict
-    return dataclasses.replace(verdict, cause=Cause.BUDGET, reason=f"{verdict.reason} — the confirmation budget "
-                               f"({budget} more round(s)) ended it, not the evidence: raise {how}")
+    by = ended_by or f"the confirmation budget ({budget} more round(s))"
+    return dataclasses.replace(verdict, cause=Cause.BUDGET, reason=f"{verdict.reason} — {by} ended it, not the "
+                               f"evidence: raise {how}")

@@ -6,8 +6,9 @@ directory, ini file and rootdir — with ``--moeperf-rounds 1``, a private ``--m
 ``MOEPERF_ROUND`` (a child confirms nothing, writes no baseline and no Markdown), and appends each child's ledger
 to its own: every metric gets one round per child. Tests whose round is a start (`starts`: a serving window on a
 server the child launched) get ``max(N, S)`` rounds under ``--moeperf-starts S``: after the N rounds, rounds of only
-those tests. Then it judges every metric on all its rounds; a metric that more rounds can still decide gets them —
-further children that run only the tests of such metrics, up to ``--moeperf-confirm`` of them — and the session
+those tests, and no more. Then it judges every metric on all its rounds; a metric of another test that more rounds
+can still decide gets them — further children that run only the tests of such metrics, up to ``--moeperf-confirm``
+of them — and the session
 ends as any other (`conclude`): reports, and under ``--moeperf-update`` one run per storable round, in one
 transaction, only when every round finished. Under ``--moeperf-deadline`` the deadline counts from the parent's
 start across its children (``MOEPERF_DEADLINE_AT``), as the session it is.
@@ -120,12 +121,13 @@ class Children:
                                                                warnings=extra.warnings))
         return None
 
-    def confirm(self, among: Collection[str] | None = None) -> int | None:
-        """Extra rounds of the tests (``among`` these) that more rounds can still decide, up to
+    def confirm(self, skip: Collection[str] = ()) -> int | None:
+        """Extra rounds of the tests (but those in ``skip``) that more rounds can still decide, up to
         ``--moeperf-confirm``; then the verdicts that the budget ended say so."""
         budget, done = self.state.settings.confirm, self.ran
         for j in range(1, budget + 1):
-            tests = [] if self.state.settings.update else unsettled_tests(self.state.ledger, among)
+            tests = [] if self.state.settings.update else [
+                t for t in unsettled_tests(self.state.ledger) if t not in skip]
             if not tests:
                 break
             line(f"moeperf: {len(tests)} test(s) not settled after {done + j - 1} rounds: one more round of them")
@@ -139,7 +141,7 @@ class Children:
                                    if r.metric.test_id in tests or k not in before])
         if not self.state.settings.update:
             for key, record in self.state.ledger.records.items():
-                if record.verdict is not None and (among is None or record.metric.test_id in among):
+                if record.verdict is not None and record.metric.test_id not in skip:
                     self.state.ledger.decide(key, budget_ended(record.verdict, budget, "--moeperf-confirm"))
         return None
 
@@ -157,11 +159,22 @@ def judge_all(state: Conclusion, keys: list[str] | None = None) -> None:
             state.errors.append(f"{key}: {exc}")  # its test failed in every round, naming it
 
 
-def unsettled_tests(ledger: Ledger, among: Collection[str] | None = None) -> list[str]:
-    """Tests (``among`` these) with a metric that another round can still decide."""
+def unsettled_tests(ledger: Ledger) -> list[str]:
+    """Tests with a metric that another round can still decide."""
     return sorted({r.metric.test_id for r in ledger.records.values()
-                   if r.verdict is not None and r.verdict.more_rounds_help
-                   and (among is None or r.metric.test_id in among)})
+                   if r.verdict is not None and r.verdict.more_rounds_help})
+
+
+def starts_ended(state: Conclusion, tests: Collection[str], starts: int) -> None:
+    """The verdicts of the tests that measure a start, once their starts are done: no confirmation start follows
+    (a start costs a server's start, and a batch's time is planned in starts), so one that more starts could decide
+    says to raise ``--moeperf-starts``."""
+    if state.settings.update:
+        return
+    for key, record in state.ledger.records.items():
+        if record.verdict is not None and record.metric.test_id in tests:
+            state.ledger.decide(key, budget_ended(record.verdict, 0, "--moeperf-starts",
+                                                  f"its {starts} start(s) (--moeperf-starts)"))
 
 
 def unit_tests(ledger: Ledger) -> list[str]:
@@ -190,7 +203,8 @@ def run(config: pytest.Config, state: Conclusion) -> int:
                 if code is not None:
                     return code
         judge_all(state)
-        code = children.confirm()
+        starts_ended(state, measured, max(n, starts))
+        code = children.confirm(skip=measured)
         if code is not None:
             return code
     fails = state.finish(stopped=False)

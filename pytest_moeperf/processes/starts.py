@@ -7,8 +7,9 @@ start" for its tests on launched servers), and then it is never confirmed in-pro
 start again), its records carry ``round_unit``, and its verdicts count the starts judged and set aside.
 
 With S > 1 (``auto``: `settings.GPU_STARTS` on a machine with GPUs, 1 without) a session runs its other tests
-in-process as usual and those tests in S child sessions (`rounds.Children`), each starting its own servers; then
-confirmation starts of the ones still unsettled, up to ``--moeperf-confirm``. Their records join the session's ledger,
+in-process as usual and those tests in S child sessions (`rounds.Children`), each starting its own servers, and no
+more: a start costs a server's start and a batch is planned in starts, so a verdict that more starts could decide
+says to raise ``--moeperf-starts`` instead of a confirmation start. Their records join the session's ledger,
 which ends the session as any other: one stored run per start under ``--moeperf-update``. A ``--moeperf-rounds``
 parent does the same with its children (`rounds.run`); a child, an xdist worker (it measures its share on one start)
 and a collect-only session run nothing in child sessions.
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.conclude import Conclusion
-from pytest_moeperf.processes.rounds import Child, Children, deadline_at, judge_all, line
+from pytest_moeperf.processes.rounds import Child, Children, deadline_at, judge_all, line, starts_ended
 from pytest_moeperf.settings import Settings, starts_of
 
 
@@ -47,7 +48,7 @@ def measured_on_starts(config: pytest.Config, items: Sequence[pytest.Item]) -> l
 
 def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts: int, started: float
         ) -> tuple[int | None, bool]:
-    """S child sessions of ``nodeids`` (each its own start), their confirmation starts, their verdicts; ``started``
+    """S child sessions of ``nodeids`` (each its own start) and their verdicts; ``started``
     is the session's start (``time.time()``), from which the deadline counts. Returns an exit code when a child could
     not measure (then nothing may be written), and whether a test failed in a child."""
     line(f"moeperf: {len(nodeids)} test(s) measure a start: {starts} start(s) of them, each a child session that "
@@ -60,8 +61,8 @@ def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts
                 return code, children.failed_tests
         tests = set(nodeids)
         judge_all(state, [k for k, r in state.ledger.records.items() if r.metric.test_id in tests])
-        code = children.confirm(tests)
-    return code, children.failed_tests
+        starts_ended(state, tests, starts)
+    return None, children.failed_tests
 
 
 class Starts:

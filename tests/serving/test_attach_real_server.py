@@ -98,12 +98,16 @@ def test_attach_mode_measures_a_server_the_suite_did_not_start(
     metrics = entries(report)
     c1 = {k.rsplit("::", 1)[1]: v for k, v in metrics.items() if k.startswith("test_closed_loop[my-tiny-moe-c1]")}
     # the server's own figures beside the client's, a warm pass of the window's shape, the drift check
-    assert {"engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms", "engine_queue_ms"} <= set(c1)
+    assert {"engine_ttft_mean_ms", "engine_tpot_mean_ms", "engine_itl_mean_ms", "engine_e2el_mean_ms",
+            "engine_queue_mean_ms", "tpot_mean_ms", "ttft_mean_ms"} <= set(c1)
     context = c1["ttft_ms"]
     assert context["warm_requests"] == 2 and context["warm_s"] > 0 and "drift" in context
-    assert context["requests"] == 10  # --moeperf-window-requests 20, halved by --moeperf-quick
-    assert context["workload"] == "20 requests a window"  # not compared with baselines of the default size
-    assert context["engine_requests"] == context["requests"]  # the server counted exactly the window's requests
+    # --moeperf-window-requests 20, halved by --moeperf-quick, is the plateau; one request set aside at each end
+    assert (context["requests"], context["plateau_requests"], context["ramp_requests"]) == (12, 10, 1)
+    # not compared with baselines of the default size, nor with whole-window ones
+    assert context["workload"] == "random 128 in / 64 out, outputs fixed; plateau, 20 requests a window"
+    assert context["engine_requests"] == context["plateau_requests"]  # the server counted exactly the plateau
+    assert context["engine_span"] == "plateau: after completion 1 to after completion 11 of 12"
     # --moeperf-quick windows are too small to bound a p90: recorded, INCONCLUSIVE with the reason, never gated
     assert c1["ttft_p90_ms"]["verdict"] == "INCONCLUSIVE" and "cannot bound the p90" in c1["ttft_p90_ms"]["reason"]
     # the attached server's processes are the session's own: found from its port, never named as foreign load
