@@ -127,9 +127,10 @@ OPTIONS: tuple[Option, ...] = (
            "replays (0: 3 replays). 200 settles the SM clock before timing: on 1x H200 it took the spread of "
            "compute-bound bf16 GEMMs between processes from p90 11 % to 2.8 %, and reads them up to 16 % slower "
            "(the steady clock); baselines recorded without it do not compare", "MS", parse_milliseconds, 0.0),
-    Option("window-requests", "window_requests", "requests in each serving and spec-decode window instead of the "
-           "profile's requests (or the suite's count for its device); a window still grows to what its gated "
-           "percentiles need (p90: 29, p99: 299) and --moeperf-quick halves it; its metrics name the size in their "
+    Option("window-requests", "window_requests", "requests on the plateau of each serving and spec-decode window "
+           "(its ramp and drain, C requests each, come on top) instead of the profile's requests (or the suite's "
+           "count for its device); a plateau still grows to what its gated percentiles need (p90: 29, p99: 299) and, "
+           "on a GPU, to 10 drift blocks of C, and --moeperf-quick halves it; its metrics name the size in their "
            "workload, so baselines of the default size are not compared. For attached servers "
            "(--moeperf-server-url, moeperf ab --serve), which have no profile of their own", "N", parse_positive,
            None),
