@@ -12,10 +12,12 @@ Throughputs (request, output, total token; goodput) and acceptance figures are h
 rate is checked here directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and
 the error of every failed request is in the message.
 
-`record_window` records a whole measured window: the cost of its warm pass and its drift check (a window that
-drifted makes its `CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.analysis.drift`), the latencies with
-the tail percentiles the window was sized for (`pytest_moeperf.serving.analysis.tails`), and the server's own figures
-as ``engine_*`` metrics (`pytest_moeperf.serving.analysis.arbiter`), which stand whatever the client's clock saw.
+`record_window` records a whole measured window, scored on its plateau (`pytest_moeperf.serving.analysis.plateau`):
+the cost of its warm pass, what was set aside at each end, its drift check (a window that drifted makes its
+`CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.analysis.drift`), the client/server ratios
+(`pytest_moeperf.serving.analysis.agreement`), the latencies (medians, and means beside the server's) with the tail
+percentiles the window was sized for (`pytest_moeperf.serving.analysis.tails`), and the server's own means as
+``engine_*_mean_ms`` metrics (`pytest_moeperf.serving.analysis.arbiter`), which stand whatever the client's clock saw.
 """
 
 from __future__ import annotations
