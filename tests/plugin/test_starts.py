@@ -52,14 +52,14 @@ def calls(pytester: pytest.Pytester) -> list[tuple[str, str]]:
 
 
 def runs(pytester: pytest.Pytester, name: str) -> int:
-    (path,) = (pytester.path / "baselines").glob("*/test_units.json")
-    return len(json.loads(path.read_text())["metrics"][f"test_units.py::{name}"]["runs"])
+    (path,) = (pytester.path / "baselines").glob("*/test_on_starts.json")
+    return len(json.loads(path.read_text())["metrics"][f"test_on_starts.py::{name}"]["runs"])
 
 
 @pytest.fixture
 def units(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_units=TESTS)
+    pytester.makepyfile(test_on_starts=TESTS)
     return pytester
 
 
@@ -72,7 +72,7 @@ def test_one_start_is_not_confirmed_by_windows_of_itself(units: pytest.Pytester,
     result = run_moeperf("--moeperf-starts", "1", "-k", "test_window")
     assert len(calls(units)) == 1, "a re-run on the same start is not another round"
     result.stdout.fnmatch_lines([
-        "*test_units.py::test_window::tpot_ms*+50.0 %*INCONCLUSIVE",
+        "*test_on_starts.py::test_window::tpot_ms*+50.0 %*INCONCLUSIVE",
         "INCONCLUSIVE *tpot_ms: every round is worse than the threshold, but 1 round(s) against 3 stored runs cannot "
         "reach p < 0.05: 4 rounds can; 1 server start judged, 0 set aside — the confirmation budget (0 more "
         "round(s)) ended it, not the evidence: raise --moeperf-starts (each server start is one observation: a "
@@ -109,7 +109,7 @@ def test_a_regression_needs_enough_starts_and_a_set_aside_start_is_counted(units
     assert short.ret == pytest.ExitCode.OK, short.stdout.str()
     assert len(calls(units)) == 4, "the starts asked for, no more"
     short.stdout.fnmatch_lines([
-        "INCONCLUSIVE test_units.py::test_window::tpot_ms: every round is worse than the threshold, but 3 round(s) "
+        "INCONCLUSIVE test_on_starts.py::test_window::tpot_ms: every round is worse than the threshold, but 3 round(s) "
         "against 3 stored runs cannot reach p < 0.05: 4 rounds can; 3 server starts judged, 1 set aside: start 2/4: "
         "window: the window drifted: TPOT 1.0 -> 1.3 ms — its 4 start(s) (--moeperf-starts) ended it, not the "
         "evidence: raise --moeperf-starts",
@@ -117,7 +117,7 @@ def test_a_regression_needs_enough_starts_and_a_set_aside_start_is_counted(units
     monkeypatch.setenv("MOEPERF_TEST_ASIDE", "2/5")
     result = run_moeperf("--moeperf-starts", "5", "-k", "test_window", "--moeperf-report", "report.json")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
-    result.stdout.fnmatch_lines(["test_units.py::test_window::tpot_ms * +50.0 % * 4  REGRESSED"])
+    result.stdout.fnmatch_lines(["test_on_starts.py::test_window::tpot_ms * +50.0 % * 4  REGRESSED"])
     assert len(calls(units)) == 5
     (record,) = json.loads((units.path / "report.json").read_text())["moeperf"]["records"]
     assert record["verdict"]["reason"].endswith("4 server starts judged, 1 set aside: start 2/5: window: the window "
@@ -137,8 +137,8 @@ def test_the_deadline_counts_from_the_session_across_its_starts(units: pytest.Py
                                                                 run_moeperf) -> None:
     # the session's own test uses up its 5 s; a child counting from its own start would still have them
     slow = TESTS.replace('perf.record("time"', 'import time; time.sleep(6)\n    perf.record("time"')
-    Path(units.path / "test_units.py").write_text(slow)
+    Path(units.path / "test_on_starts.py").write_text(slow)
     run_moeperf("--moeperf-starts", "2", "--moeperf-deadline", "5", "--moeperf-report", "report.json")
     assert [r for _, r in calls(units)] == ["-"], "both starts' tests skip: the session's time is up"
     tests = json.loads((units.path / "report.json").read_text())["moeperf"]["tests"]
-    assert "counted from the start of the session whose round this is" in tests["test_units.py::test_window"]
+    assert "counted from the start of the session whose round this is" in tests["test_on_starts.py::test_window"]
