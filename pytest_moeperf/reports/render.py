@@ -83,8 +83,8 @@ def _aside(problems: Sequence[str]) -> str:
     text = " ".join(problems)
     if text.startswith("health: "):
         return "health"
-    for word, kind in (("drifted", "drift"), ("compile", "compiles"), ("coalesced", "client timing"),
-                       ("held up", "client timing")):
+    for word, kind in (("start-up window", "start-up health"), ("drifted", "drift"), ("compile", "compiles"),
+                       ("coalesced", "client timing"), ("held up", "client timing")):
         if word in text:
             return kind
     return "other"

@@ -44,7 +44,13 @@ from pytest_moeperf.serving.lifecycle.attach import AttachError, attached_profil
 from pytest_moeperf.serving.lifecycle.pool import Adopt, ServerPool, ServeSkip, Watch, parallel_starts
 from pytest_moeperf.serving.lifecycle.served import Served
 from pytest_moeperf.serving.lifecycle.server import ServerDied, ServerStartError
-from pytest_moeperf.serving.models.profiles import ProfileError, ServeProfile, load_profile_dirs, workload_misfit
+from pytest_moeperf.serving.models.profiles import (
+    ProfileError,
+    ServeProfile,
+    launch_blocker,
+    load_profile_dirs,
+    workload_misfit,
+)
 from pytest_moeperf.settings import Settings
 
 log = logging.getLogger("pytest_moeperf.serving")
@@ -322,15 +328,22 @@ SERVER_START = "server start"
 def pytest_moeperf_round_unit(config: pytest.Config, item: pytest.Item) -> str | None:
     """A test on a server this session launches (``served``, or a speed-up's ``candidate_name``) measures that
     server's start: one observation of it a process (`pytest_moeperf.processes.starts`). An attached server is
-    somebody else's: its tests are ordinary."""
+    somebody else's, and a profile this host cannot launch skips: their tests are ordinary."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     profiles = config.stash.get(_profiles_key, None)
     for key in ("served", "candidate_name"):
         name = params.get(key)
         profile = profiles.get(name) if isinstance(name, str) and profiles is not None else None
-        if profile is not None and profile.attached_url is None:
+        if profile is not None and profile.attached_url is None and launch_blocker(
+                profile, gpu_count=_local_gpus(config), vllm_importable=_vllm_importable()) is None:
             return SERVER_START
     return None
+
+
+def _vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 @pytest.hookimpl(wrapper=True)

@@ -81,3 +81,14 @@ def test_a_missing_profiles_dir_is_a_usage_error(pytester: pytest.Pytester, run_
     result = run_moeperf("suites/serving", "--collect-only", "--moeperf-profiles", "nowhere")
     assert result.ret != 0
     assert "profiles directory" in result.stdout.str() + result.stderr.str()
+
+
+def test_tests_of_profiles_this_host_cannot_launch_are_no_starts(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    """A GPU profile on this CPU box skips: its tests are not run in child sessions of their own (no start to
+    measure), they skip here, once."""
+    _suites(pytester)
+    result = run_moeperf("suites/serving", "--moeperf-profiles", str(PROFILES), "-k", "gpu-tiny-tp1-nospec",
+                         "--moeperf-starts", "2", "-rs")
+    assert "measure a start" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*needs 1 GPUs (TP=1); found 0*"])
+    assert result.parseoutcomes().get("skipped", 0) >= 5
