@@ -1,11 +1,10 @@
 """Async streaming load generator for vLLM's OpenAI-compatible server.
 
-Sends streaming ``/v1/completions`` or ``/v1/chat/completions`` requests under a load shape, times each SSE
-chunk the way ``vllm bench serve`` does (see :mod:`pytest_moeperf.serving.analysis.metrics`), and returns every
-request's outcome: failures are kept and counted, never dropped. Warm-up requests run before the measured
-window and are excluded from it. A liveness check runs beside the window, so a server that dies mid-run
-aborts it at once with the server's own explanation instead of a hang.
-"""
+Sends streaming ``/v1/completions`` or ``/v1/chat/completions`` requests under a load shape, times each SSE chunk
+the way ``vllm bench serve`` does (`pytest_moeperf.serving.analysis.metrics`), and returns every request's outcome:
+failures are kept and counted, never dropped. Warm-up requests run before the window, excluded from it. A liveness
+check runs beside it (a server that dies mid-run aborts it at once with its own explanation, not a hang), and
+``/metrics`` is scraped right after given numbers of completions (``probes``: the plateau's edges)."""
 
 from __future__ import annotations
 
@@ -163,8 +162,7 @@ class LoadGenerator:
         slo: Slo | None = None,
         probes: Sequence[int] = (),
     ) -> WindowResult:
-        """The window; ``probes``: scrape ``/metrics`` right after that many requests completed (each in a task of
-        its own, the clients going on)."""
+        """The window; ``probes``: scrape ``/metrics`` right after that many requests completed (tasks beside it)."""
         if not requests:
             raise ValueError("no requests to send")
         import aiohttp  # optional dependency ([serving] extra): imported where used
@@ -188,7 +186,13 @@ class LoadGenerator:
                 job = self._closed(session, requests, shape.concurrency, start, self.progress, done)
             else:
                 job = self._open(session, requests, shape, start, done)
-            outcomes = await self._guarded(job)
+            try:
+                outcomes = await self._guarded(job)
+            except BaseException:  # the window is cut (a dead server): its scrapes with it
+                for task in scrapes:
+                    task.cancel()
+                await asyncio.gather(*scrapes, return_exceptions=True)
+                raise
             duration = time.perf_counter() - start
             taken = tuple(await asyncio.gather(*scrapes))
         return WindowResult(shape, tuple(outcomes), duration, compute(outcomes, duration, slo), self.endpoint,
@@ -373,9 +377,7 @@ def _failed(req: Request, start_s: float, error: str) -> RequestOutcome:
 
 
 def _concurrency(shape: LoadShape) -> int:
-    if isinstance(shape, ClosedLoop):
-        return shape.concurrency
-    return shape.max_concurrency or 1
+    return shape.concurrency if isinstance(shape, ClosedLoop) else shape.max_concurrency or 1
 
 
 class _Tally:
