@@ -1,5 +1,5 @@
 """The ``moeperf`` command: ``topology``, ``baselines diff``, ``baselines merge``, ``budget``, ``ab``, ``batch``
-(and the wings' ``history``, ``trend``, ``attribute``, ``serve``)."""
+(and the wings' ``history``, ``trend``, ``dashboard``, ``attribute``, ``serve``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from pytest_moeperf.history import cli as history_cli
 from pytest_moeperf.machine import probe, topology
 from pytest_moeperf.reports import markdown
-from pytest_moeperf.settings.checks import at_least, describe, output_path
+from pytest_moeperf.settings.checks import describe, output_path, parse_noise_runs, parse_seconds
 from pytest_moeperf.store import baselines, files, trees
 
 
@@ -75,7 +75,8 @@ def _merge(args: argparse.Namespace) -> int:
     try:
         for root in (into, *sources):
             _need_dir(root)
-        written = trees.merge_trees(into, sources, args.keep)
+        written = trees.merge_trees(into, sources, args.keep, args.lock_timeout,
+                                    lambda line: print(f"moeperf baselines merge: {line}", file=sys.stderr, flush=True))
     except (baselines.BaselineError, OSError, ValueError) as exc:
         print(f"moeperf baselines merge: {describe(exc)}", file=sys.stderr)
         return 2
@@ -148,8 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("sources", nargs="+", metavar="SRC", help="baselines directories to merge in")
     merge.add_argument("--into", default="baselines", metavar="DIR", help="the directory merged into, also read "
                        "(default: %(default)s)")
-    merge.add_argument("--keep", type=at_least(1), default=baselines.DEFAULT_KEEP_RUNS, metavar="N",
-                       help="runs kept per metric, newest (default: %(default)s)")
+    merge.add_argument("--keep", type=parse_noise_runs, default=baselines.DEFAULT_KEEP_RUNS, metavar="N",
+                       help="runs kept per metric and host, newest; at least 3 (default: %(default)s)")
+    merge.add_argument("--lock-timeout", type=parse_seconds, default=files.DEFAULT_LOCK_TIMEOUT_S, metavar="SECONDS",
+                       help="give up after waiting this long for the lock an update or another merge holds (its "
+                       "holder is named while waiting; default: %(default)g)")
     merge.set_defaults(func=_merge)
     sub.add_parser("budget", help="decode-step time budget from measured GEMMs and all-reduces", add_help=False)
     history_cli.add_subcommands(sub)
@@ -158,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("ab", help="base against head on this box: interleaved pytest processes, judged paired",
                    add_help=False)
+    sub.add_parser("dashboard", help="a static perf dashboard (HTML) of a history: every metric's series, change "
+                   "points and verdicts per host", add_help=False)
     sub.add_parser("batch", help="the perf suites of this checkout in one command: steps, rounds, update and A/A, "
                    "a time budget, outputs in one folder", add_help=False)
     return parser
@@ -179,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf.serving.cli import main_serve
 
         return main_serve(args_list[1:])
+    if args_list[:1] == ["dashboard"]:
+        from pytest_moeperf.dashboard.cli import main_dashboard
+
+        return main_dashboard(args_list[1:])
     if args_list[:1] == ["batch"]:
         from pytest_moeperf.batch.cli import main_batch
 

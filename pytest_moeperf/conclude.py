@@ -9,7 +9,9 @@ one-round session and a rounds session write the same reports from the same ledg
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,8 @@ from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.shift import Family, family_views, in_moved_families, shift_notes, shift_sections
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, Verdict, missing
-from pytest_moeperf.ledger import Ledger, Measurement, suite_of
+from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
+from pytest_moeperf.machine import probe
 from pytest_moeperf.machine.provenance import git_commit_info
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
@@ -26,6 +29,12 @@ from pytest_moeperf.settings import Settings
 from pytest_moeperf.store import files
 from pytest_moeperf.store.baselines import BaselineStore
 from pytest_moeperf.store.entries import BaselineError
+from pytest_moeperf.store.keys import TestIds
+
+
+def _progress(line: str) -> None:
+    """A line while the session waits at its end (pytest's output capture is off there)."""
+    print(f"moeperf: {line}", file=sys.stderr, flush=True)
 
 
 def _now() -> str:
@@ -53,6 +62,11 @@ class Conclusion:
         self.started = _now()
         self.placement_note: str | None = None  # what the header says about xdist workers on shared cores
 
+    @functools.cached_property
+    def ids(self) -> TestIds:
+        """Test ids of metric keys: relative to each test file's project root, not to pytest's rootdir."""
+        return TestIds(Path(self.config.rootpath), Path(self.config.invocation_params.dir))
+
     def _decide(self, measurement: Measurement, rounds: tuple[tuple[float, ...], ...], reference: Reference | None,
                 threshold: Threshold) -> Verdict:
         verdict: Verdict = self.config.hook.pytest_moeperf_verdict(
@@ -66,15 +80,29 @@ class Conclusion:
         # a degenerate window records what it can: its test's other metrics say why the rest is not there
         windows = {r.metric.test_id: r.verdict.reason for r in self.ledger.records.values()
                    if r.verdict is not None and "window: " in r.verdict.reason}
+        states: dict[str, set[Any]] = {}  # the exclusive states (`ledger.STATE`) each test measured this run
+        for r in self.ledger.records.values():
+            if r.metric.context.get(STATE) is not None:
+                states.setdefault(r.metric.test_id, set()).add(r.metric.context[STATE])
+        others: list[str] = []
         for nodeid, why in sorted(self.ledger.tests.items()):
             try:
                 entries = self.store.entries_of(nodeid)
             except BaselineError:
                 continue  # the tests that need it failed, naming the file
             for e in entries:
-                if e.key not in measured and e.key not in self.ledger.missing:
-                    self.ledger.missing[e.key] = missing(e.key, e.name, e.unit, e.better, e.reference().value,
-                                                         why or windows.get(nodeid, "not recorded this run"))
+                if e.key in measured or e.key in self.ledger.missing:
+                    continue
+                stored = e.context.get(STATE)
+                if stored is not None and states.get(nodeid) and stored not in states[nodeid]:
+                    others.append(f"{e.key} ({stored})")  # another state's metric: this run measured its own
+                    continue
+                self.ledger.missing[e.key] = missing(e.key, e.name, e.unit, e.better, e.reference().value,
+                                                     why or windows.get(nodeid, "not recorded this run"))
+        if others:
+            self.ledger.notes.append(f"{len(others)} baselined metric(s) of another state than this run measured "
+                                     f"(context '{STATE}') are not expected, not MISSING: {', '.join(others[:4])}"
+                                     f"{' …' if len(others) > 4 else ''}")
 
     def check_fingerprints(self) -> None:
         """Warn (strict: fail) when the baselines cannot be this machine's: another fingerprint hash in a suite's
@@ -101,6 +129,28 @@ class Conclusion:
                              f"holds {', '.join(self.store.other_slugs())}: every metric is NEW. A changed fingerprint "
                              "(fewer CPUs through taskset or affinity, a GPU missing or added, another GPU model) "
                              "or the wrong --moeperf-baselines hides the baselines")
+
+    def check_keys(self) -> None:
+        """Warn (strict: fail) when a baseline file of a test file that measured holds metrics, but all of other
+        test paths: none of its metrics can match, every one is NEW (the test file moved, or its keys were formed
+        against another root than the stored ones)."""
+        if self.settings.update:
+            return
+        ran: dict[str, set[str]] = {}
+        for record in self.ledger.records.values():
+            ran.setdefault(record.metric.suite, set()).add(record.metric.test_id.split("::", 1)[0])
+        for suite, paths in sorted(ran.items()):
+            try:
+                found = self.store.file(suite)
+            except BaselineError:
+                continue
+            stored = sorted({key.split("::", 1)[0] for key in found.entries}) if found else []
+            if stored and not paths & set(stored):
+                self.ledger.warn(f"{self.store.path(suite)} holds {len(found.entries) if found else 0} metric(s) of "
+                                 f"{', '.join(stored[:3])}{' …' if len(stored) > 3 else ''} and none of "
+                                 f"{', '.join(sorted(paths))}, which this session measured: none matches, every "
+                                 "metric is NEW (a moved test file, or keys formed against another root: see "
+                                 "'Metric keys' in the README)")
 
     def _sections(self) -> None:
         measurements = [r.metric for r in self.ledger.records.values()]
@@ -139,6 +189,7 @@ class Conclusion:
             self.ledger.notes.append(self.noise.problem)
         self.find_missing()
         self.check_fingerprints()
+        self.check_keys()
         self._sections()
         moved = self._shift()
         if self.settings.update:
@@ -161,9 +212,10 @@ class Conclusion:
         if plan.measurements:
             try:
                 self.written += self.store.update(plan.measurements, self.fingerprint_record(), self.provenance(),
-                                                  self.settings.noise_runs, self.fingerprint.host_facts)
+                                                  self.settings.noise_runs, self.fingerprint.host_facts,
+                                                  self.settings.lock_timeout_s, _progress)
                 self.updated = len({m.key for m in plan.measurements})
-            except (BaselineError, OSError) as exc:
+            except (BaselineError, OSError, files.FileFormatError) as exc:  # the last: a journal it cannot finish
                 self.errors.append(f"baselines not updated: {exc}")
         self.update_failed = self.updated == 0 and bool(self.ledger.records)
 
@@ -173,7 +225,8 @@ class Conclusion:
     def provenance(self) -> dict[str, Any]:
         return {"date": _now(), "git_commit": self.commit["id"], "git_dirty": self.commit["dirty"],
                 "software": dict(self.topology.software), "driver": self.topology.driver_version,
-                "cuda": self.topology.cuda_version, "fingerprint_hash": self.fingerprint.hash, "host_id": self.host}
+                "cuda": self.topology.cuda_version, "fingerprint_hash": self.fingerprint.hash, "host_id": self.host,
+                "boot_id": probe.boot_id()}
 
     def machine_info(self) -> dict[str, Any]:
         info = document.base_machine_info()
@@ -250,9 +303,13 @@ class Conclusion:
             out.append((f"moeperf: {len(cross_host)} metric(s) REGRESSED against other hosts' baselines, beyond their "
                         "spread between hosts and not in a family that moved as a whole: the session fails", True))
             out += [(f"  {v.key.rsplit('::', 1)[0]}::{v.message()}", True) for v in cross_host]
-        improved = sum(1 for v in verdicts if v.status is Status.IMPROVED)
-        if improved and not self.settings.update:
-            out.append((f"{improved} metric(s) improved: refresh with --moeperf-update", False))
+        improved = [v for v in verdicts if v.status is Status.IMPROVED]
+        confirmed = sum(v.reason_to_rerecord for v in improved)
+        if confirmed and not self.settings.update:
+            out.append((f"{confirmed} metric(s) improved: refresh with --moeperf-update", False))
+        if len(improved) > confirmed and not self.settings.update:
+            out.append((f"{len(improved) - confirmed} metric(s) IMPROVED but not confirmed (one round, or inside a "
+                        "family that moved as a whole): not a reason to re-record yet", False))
         undecided = ledger.undecided()
         if self.settings.strict and (undecided or ledger.warnings):
             out.append((f"moeperf: --moeperf-strict: {len(undecided)} metric(s) INCONCLUSIVE or MISSING and "

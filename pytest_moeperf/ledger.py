@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_moeperf.judging.thresholds import Threshold
+from pytest_moeperf.judging.thresholds import Threshold, policy_value
 from pytest_moeperf.judging.verdict import Status, Verdict
 
 Better = Literal["lower", "higher"]
@@ -24,8 +24,15 @@ LEDGER_SCHEMA = 1
 #: the context key that names what a test measured (e.g. a serving window's requests): part of its metrics' identity
 WORKLOAD = "workload"
 #: the context key that names what one round of the metric stands for when it is not one call of the test (e.g.
-#: "server start": a serving window is one observation of its server's start; `Record.unit_counts` counts by it)
+#: "server start": a serving window is one observation of its server's start; `render.unit_lines` counts by it)
 ROUND_UNIT = "round_unit"
+#: the context key that names which of several exclusive states a metric belongs to (e.g. a server start's compile
+#: cache, ``cold`` or ``warm``): a test that measured one state this run is not expected to measure the other's
+#: metrics, so their baselines are not MISSING (the summary notes them)
+STATE = "state"
+#: how ``Ledger.tests`` says a test skipped, and how ``--moeperf-deadline``'s skip reason begins (a batch counts
+#: the tests it skipped)
+SKIPPED, DEADLINE_SKIP = "test skipped: ", "--moeperf-deadline "
 
 
 @dataclass(frozen=True)
@@ -69,18 +76,26 @@ class Measurement:
     context: Mapping[str, JSONScalar] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.name or "::" in self.name:
-            raise ValueError(f"metric name must be non-empty and contain no '::', got {self.name!r}")
+        if not isinstance(self.name, str) or not self.name or "::" in self.name:
+            raise ValueError(f"metric name must be a non-empty str with no '::', got {self.name!r}")
+        where = f"metric {self.name!r}"
+        object.__setattr__(self, "samples", as_samples(self.samples, where))  # floats, whoever built it
         if not self.samples:
-            raise ValueError(f"metric {self.name!r}: no samples")
+            raise ValueError(f"{where}: no samples")
+        if not isinstance(self.unit, str) or not self.unit.strip():
+            raise ValueError(f"{where}: unit must be a non-empty str such as 'us', got {self.unit!r}")
         if self.better not in ("lower", "higher"):
-            raise ValueError(f"metric {self.name!r}: better must be 'lower' or 'higher', got {self.better!r}")
+            raise ValueError(f"{where}: better must be 'lower' or 'higher', got {self.better!r}")
         for sample in self.samples:
             if sample != sample or sample in (float("inf"), float("-inf")):
-                raise ValueError(f"metric {self.name!r}: sample {sample} is not a finite number")
+                raise ValueError(f"{where}: sample {sample} is not a finite number")
+        for key, value in self.context.items():
+            if not isinstance(value, (str, int, float, bool)) and value is not None:
+                raise TypeError(f"{where}: context {key!r} must be a str, number, bool or None, "
+                                f"got {type(value).__name__}")
         for name, tol in (("tolerance", self.tolerance), ("abs_tolerance", self.abs_tolerance)):
-            if tol is not None and tol < 0:
-                raise ValueError(f"metric {self.name!r}: {name} must be >= 0, got {tol}")
+            if tol is not None:
+                policy_value(f"metric {self.name!r}", name, tol)
 
     @property
     def key(self) -> str:
@@ -113,10 +128,30 @@ def suite_of(test_id: str) -> str:
     return stem[:-3] if stem.endswith(".py") else stem
 
 
-def as_samples(samples: float | int | Sequence[float | int]) -> tuple[float, ...]:
+def as_samples(samples: float | int | Sequence[float | int], where: str = "") -> tuple[float, ...]:
+    """A number, or a sequence of numbers (a list, a tuple, an array), as float samples. A str is no sequence of
+    samples ("123" is not 1, 2, 3), and a bool, a mapping or a None is no number: `TypeError` names ``where``."""
+    prefix = f"{where}: " if where else ""
+    if isinstance(samples, (bool, str, bytes)) or isinstance(samples, Mapping) or samples is None:
+        shown = f": {samples!r}" if isinstance(samples, (bool, str, bytes)) else ""
+        raise TypeError(f"{prefix}samples must be a number or a sequence of numbers, got a "
+                        f"{type(samples).__name__}{shown}")
     if isinstance(samples, (int, float)):
         return (float(samples),)
-    return tuple(float(s) for s in samples)
+    try:
+        items = list(samples)
+    except TypeError:
+        raise TypeError(f"{prefix}samples must be a number or a sequence of numbers, got a "
+                        f"{type(samples).__name__}") from None
+    values = []
+    for i, sample in enumerate(items, 1):
+        try:
+            if isinstance(sample, (bool, str, bytes)) or sample is None:
+                raise TypeError
+            values.append(float(sample))
+        except (TypeError, ValueError):
+            raise TypeError(f"{prefix}sample {i} must be a number, got {sample!r}") from None
+    return tuple(values)
 
 
 @dataclass(frozen=True)
@@ -271,6 +306,10 @@ class Ledger:
         """A test ran (``why`` empty) or did not measure (``why`` says so); its first word stands."""
         if not self.tests.get(nodeid):
             self.tests[nodeid] = why
+
+    def deadline_skipped(self) -> list[str]:
+        """The tests ``--moeperf-deadline`` skipped (in any round), in the order they ran."""
+        return [nodeid for nodeid, why in self.tests.items() if why.startswith(SKIPPED + DEADLINE_SKIP)]
 
     def warn(self, text: str) -> None:
         if text not in self.warnings:

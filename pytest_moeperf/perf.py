@@ -101,7 +101,8 @@ class Perf:
     def record(self, name: str, samples: float | int | Sequence[float | int], *, unit: str,
                better: Better = "lower", tolerance: float | None = None, abs_tolerance: float | None = None,
                context: dict[str, JSONScalar] | None = None) -> Measurement:
-        """Record one metric: a number or a sequence of samples (the median is judged).
+        """Record one metric: a number or a sequence of numbers, its samples (the median is judged); ``unit`` a
+        non-empty str, ``better`` ``"lower"`` or ``"higher"``.
 
         ``tolerance`` (relative: the smallest change worth failing for) and ``abs_tolerance`` (in ``unit``)
         override the marker and option for this metric. A second record of the same name in one round of a test
@@ -111,10 +112,16 @@ class Perf:
                         "devices, so nothing is recorded or compared")
         if any(m.name == name for m in self._records):
             raise ValueError(f"metric {name!r} recorded twice in {self.test_id}")
-        measurement = Measurement(
-            test_id=self.test_id, name=name, samples=as_samples(samples), unit=unit, better=better,
-            tolerance=tolerance, abs_tolerance=abs_tolerance, context={**self._context, **(context or {})},
-        )
+        try:  # a bad argument fails this test, here, naming the metric and the argument
+            measurement = Measurement(
+                test_id=self.test_id, name=name, samples=as_samples(samples, f"metric {name!r}"), unit=unit,
+                better=better, tolerance=tolerance, abs_tolerance=abs_tolerance,
+                context={**self._context, **(context or {})},
+            )
+        except TypeError as exc:
+            raise TypeError(f"perf.record: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"perf.record: {exc}") from None
         self._records.append(measurement)
         overflow = stats.non_finite(stats.summarize(measurement.samples))
         if overflow:  # this metric alone: the test's other metrics are judged and stored as usual

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import time
@@ -18,9 +19,10 @@ from pytest_moeperf.machine import emulation, markers, placement, probe
 from pytest_moeperf.machine import topology as topology_mod
 from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.processes import rounds, starts
+from pytest_moeperf.processes import rounds, starts, termination
 from pytest_moeperf.processes.children import ONLY_ENV, read_only
 from pytest_moeperf.runtime import (
+    child_key,
     perf_key,
     restore_env_key,
     session_key,
@@ -103,10 +105,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[session_key] = state
     config.pluginmanager.register(state, "moeperf-session")
     config.pluginmanager.register(starts.Starts(state, config.stash[started_key]), "moeperf-starts")
+    if resolved.round_of is not None and not hasattr(config, "workerinput"):
+        # a child of --moeperf-rounds or moeperf ab: SIGTERM interrupts it as Ctrl-C does (fixtures torn down)
+        child = contextlib.ExitStack()
+        child.enter_context(termination.sigterm_interrupts())
+        config.stash[child_key] = child
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
+    """An interrupted child (its parent's Ctrl-C or SIGTERM, or the parent-death signal) stops, after its fixtures'
+    teardown, whatever it still runs: nothing it started outlives it."""
+    if child_key in session.config.stash and exitstatus == pytest.ExitCode.INTERRUPTED:
+        termination.after_interrupted_session()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     config.stash.get(restore_env_key, lambda: None)()
+    config.stash.get(child_key, contextlib.ExitStack()).close()
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -148,11 +164,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         markers.apply(item, topo)
     only = os.environ.get(ONLY_ENV)
     if only:  # an extra round of a --moeperf-rounds parent: only the tests it names
-        keep = read_only(only)
-        deselected = [item for item in items if item.nodeid not in keep]
+        keep, ids = read_only(only), config.stash[session_key].ids  # test ids of metric keys (`store.keys`)
+        deselected = [item for item in items if ids.of_item(item) not in keep]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if item.nodeid in keep]
+            items[:] = [item for item in items if ids.of_item(item) in keep]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -176,9 +192,12 @@ def moeperf_settings(pytestconfig: pytest.Config) -> settings.Settings:
 @pytest.fixture
 def perf(request: pytest.FixtureRequest) -> Generator[Perf, None, None]:
     """Record metrics: ``perf.record(name, samples, unit=..., better="lower"|"higher")``."""
-    topo = request.config.stash[session_key].topology
+    state = request.config.stash[session_key]
+    topo = state.topology
     unit = request.config.hook.pytest_moeperf_round_unit(config=request.config, item=request.node)
-    recorder = Perf(request.node.nodeid, simulated_from=topo.source if topo.simulated else None, round_unit=unit)
+    # keyed by the test's id relative to its project root, not pytest's rootdir (`store.keys`)
+    recorder = Perf(state.ids.of_item(request.node), simulated_from=topo.source if topo.simulated else None,
+                    round_unit=unit)
     request.node.stash[perf_key] = recorder
     yield recorder
 

@@ -6,15 +6,17 @@ plain values.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
 import pytest
 
 from pytest_moeperf.conclude import Conclusion
-from pytest_moeperf.ledger import HealthReport
+from pytest_moeperf.ledger import DEADLINE_SKIP, SKIPPED, HealthReport
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.settings import Settings
+from pytest_moeperf.store.keys import REPORT_ATTRIBUTE, TestIds
 
 #: the resolved options of this session
 settings_key = pytest.StashKey[Settings]()
@@ -30,6 +32,8 @@ confirming_key = pytest.StashKey[bool]()
 started_key = pytest.StashKey[float]()
 #: undoes the environment an interconnect emulation set
 restore_env_key = pytest.StashKey[Callable[[], None]]()
+#: in a child session (a --moeperf-rounds round, a moeperf ab side): its SIGTERM handler, closed at unconfigure
+child_key = pytest.StashKey[contextlib.ExitStack]()
 
 
 def skip_reason(report: pytest.TestReport) -> str:
@@ -39,8 +43,20 @@ def skip_reason(report: pytest.TestReport) -> str:
     if report.skipped:
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-        return f"test skipped: {reason.removeprefix('Skipped: ')}"
+        return f"{SKIPPED}{reason.removeprefix('Skipped: ')}"
     return "test failed" if report.when == "call" else f"test errored in {report.when}"
+
+
+def carry_test_id(report: pytest.TestReport, test_id: str) -> None:
+    """Attach a test's id in metric keys (`store.keys`) to its report: it travels with the report from an xdist
+    worker, which has the item, to the controller, which has only the node id."""
+    setattr(report, REPORT_ATTRIBUTE, test_id)
+
+
+def reported_test_id(report: pytest.TestReport, ids: TestIds) -> str:
+    """The test id a report carries, else its node id's."""
+    carried = getattr(report, REPORT_ATTRIBUTE, None)
+    return carried if isinstance(carried, str) else ids.of_nodeid(report.nodeid)
 
 
 def skip_past_deadline(config: pytest.Config) -> None:
@@ -58,5 +74,5 @@ def skip_past_deadline(config: pytest.Config) -> None:
         return
     elapsed = time.monotonic() - config.stash[started_key]
     if elapsed > deadline:
-        pytest.skip(f"--moeperf-deadline {deadline:g} s passed ({elapsed:.0f} s into the session): "
+        pytest.skip(f"{DEADLINE_SKIP}{deadline:g} s passed ({elapsed:.0f} s into the session): "
                     "the batch's time slot is used up")

@@ -19,7 +19,7 @@ from pytest_moeperf.ledger import Measurement, Record, Round, records_of
 from pytest_moeperf.machine.markers import threshold_marker
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.reports import junit
-from pytest_moeperf.runtime import confirming_key, health_key, perf_key, skip_reason
+from pytest_moeperf.runtime import carry_test_id, confirming_key, health_key, perf_key, reported_test_id, skip_reason
 from pytest_moeperf.settings import quiet_floor_of
 from pytest_moeperf.store.entries import BaselineError, software_changes
 
@@ -83,13 +83,13 @@ class MoePerfSession(Conclusion):
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
                                   ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         rep = yield
+        carry_test_id(rep, self.ids.of_item(item))
         perf = item.stash.get(perf_key, None)
         if rep.when != "call" or perf is None or not any(perf.rounds):
             return rep
         records: list[Record] = []
         broken: dict[str, None] = {}  # bad baseline files and arguments, each named once
-        regressed: list[str] = []
-        lines: list[str] = []
+        regressed, lines = list[str](), list[str]()  # failing messages; every verdict's line
         try:
             built = self.records(item, perf, rep.passed)
         except ThresholdError as exc:
@@ -121,7 +121,7 @@ class MoePerfSession(Conclusion):
         return rep
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.ledger.note_test(report.nodeid, skip_reason(report))
+        self.ledger.note_test(reported_test_id(report, self.ids), skip_reason(report))
         if report.when != "call":
             return
         for name, payload in report.user_properties:

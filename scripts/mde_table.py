@@ -16,10 +16,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pytest_moeperf.reports.document import metric_entries
+
 
 def rows(report: dict) -> list[tuple[str, str, int, float, float, int]]:  # type: ignore[type-arg]
     groups: dict[tuple[str, str], list[tuple[float, bool]]] = defaultdict(list)
-    for bench in report["benchmarks"]:
+    for bench in metric_entries(report):  # every metric: times and the other units
         info = bench["extra_info"]
         mde = info.get("mde")
         if mde is None:

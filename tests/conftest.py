@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +27,21 @@ def run_moeperf(pytester: pytest.Pytester):  # type: ignore[no-untyped-def]
                                   str(pytester.path / "baselines"), "--moeperf-health", "off", *args)
 
     return run
+
+
+@pytest.fixture
+def spread_sittings() -> Callable[[Path, float], None]:
+    """``spread(path, hours)``: move each update stored in baseline file ``path`` ``hours`` after the previous one
+    (from 2026-12-01 17:00 UTC), as if recorded that far apart: updates a session makes seconds apart are one
+    sitting (`store.entries.sittings`), two an hour or more apart are two."""
+
+    def spread(path: Path, hours: float) -> None:
+        stored = json.loads(path.read_text())
+        start = dt.datetime(2026, 12, 1, 17, 0, tzinfo=dt.UTC)
+        for entry in stored["metrics"].values():
+            dates = sorted({run["date"] for run in entry["runs"]})
+            for run in entry["runs"]:
+                run["date"] = (start + dt.timedelta(hours=hours * dates.index(run["date"]))).isoformat()
+        path.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n")
+
+    return spread

@@ -64,16 +64,16 @@ def run(runner: Runner, pairs: int, max_pairs: int, alpha: float, echo: Callable
     return {k: Outcome(budget_ended(o.verdict, max_pairs), o.evidence, o.q) for k, o in outcomes.items()}, [note]
 
 
-def interrupted(runner: Runner, pairs: int, max_pairs: int, alpha: float
+def interrupted(runner: Runner, pairs: int, max_pairs: int, alpha: float, how: str = "interrupted"
                 ) -> tuple[dict[str, Outcome], list[str]] | None:
-    """After Ctrl-C (or a job's time limit sending SIGINT): the complete pairs judged as one more look at the level
-    of the planned ones (the looks not reached are never taken, so the run's false-alarm bound holds); None when no
-    pair is complete."""
+    """After Ctrl-C (or a job's time limit sending SIGINT, or SIGTERM: ``how`` says which): the complete pairs judged
+    as one more look at the level of the planned ones (the looks not reached are never taken, so the run's
+    false-alarm bound holds); None when no pair is complete."""
     done = runner.keep_complete_pairs()
     if not done:
         return None
     by = f"the interruption after {done} pair(s)"
     outcomes = judged(runner, alpha_per_look(alpha, pairs, max_pairs))
-    note = (f"moeperf ab: interrupted after {done} complete pair(s) of at most {max_pairs}: judged on them; "
+    note = (f"moeperf ab: {how} after {done} complete pair(s) of at most {max_pairs}: judged on them; "
             f"{sum(decidable(o.verdict) for o in outcomes.values())} metric(s) more pairs could have decided")
     return {k: Outcome(budget_ended(o.verdict, max_pairs, by), o.evidence, o.q) for k, o in outcomes.items()}, [note]

@@ -3,7 +3,11 @@
 Exit status: 0 no metric REGRESSED (and no test failed); 1 a metric REGRESSED or a test failed on a side; 2 bad
 input (an option, a side that cannot run pytest, pytest arguments that select nothing or that moeperf ab refuses);
 3 a side's session crashed (its output is shown); 130 interrupted (Ctrl-C, or SIGINT from a job's time limit: the
-complete pairs so far are judged and the reports written, saying so; before the first complete pair nothing is).
+complete pairs so far are judged and the reports written, saying so; before the first complete pair nothing is);
+143 terminated (SIGTERM: the same as an interruption, reported as a termination). Either way the running child
+tears its fixtures down and is stopped with its processes, the servers are stopped, and the temporary worktrees
+and directories are removed; a child whose ``moeperf ab`` was killed (SIGKILL) is interrupted by the parent-death
+signal (`processes.termination`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pytest_moeperf.ab.sides import (
 from pytest_moeperf.ab.verdicts import Outcome
 from pytest_moeperf.judging.verdict import Status
 from pytest_moeperf.ledger import Ledger
+from pytest_moeperf.processes.termination import EXIT_TERMINATED, Terminated, sigterm_interrupts
 from pytest_moeperf.settings.checks import at_least, describe, output_path, pvalue
 from pytest_moeperf.store import files
 
@@ -70,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "randomized ABBA blocks of separate processes on this box, and judge each metric on the pairs.",
         epilog="Arguments after -- go to pytest on both sides (tests, -k, --moeperf-tolerance, -p plugins). Exit "
                "status: 0 no regression, 1 a metric regressed or a test failed, 2 bad input, 3 a side's session "
-               "crashed, 130 interrupted (the complete pairs are judged and written).")
+               "crashed, 130 interrupted, 143 terminated by SIGTERM (either way the complete pairs are judged and "
+               "written).")
     for side in (BASE, HEAD):
         parser.add_argument(f"--{side}-python", metavar="PATH", type=parse_python,
                             help=f"the {side} side's interpreter or virtual environment (default: this interpreter)")
@@ -169,6 +175,11 @@ def _fail(text: str) -> None:
 def main_ab(argv: Sequence[str]) -> int:
     # Ctrl-C must reach us even when a script started us as a background job (SIGINT ignored then)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    with sigterm_interrupts():  # SIGTERM: as Ctrl-C, exit 143
+        return _main_ab(argv)
+
+
+def _main_ab(argv: Sequence[str]) -> int:
     own, pytest_args = split(argv)
     parser = build_parser()
     args = parser.parse_args(own)
@@ -178,7 +189,7 @@ def main_ab(argv: Sequence[str]) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     started = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
     base_spec, head_spec = _specs(args)
-    stopped = False
+    stopped: KeyboardInterrupt | None = None
     notes: list[str] = []
     try:
         with Checkouts(Path.cwd()) as checkouts, tempfile.TemporaryDirectory(prefix="moeperf-ab-") as tmp:
@@ -214,18 +225,18 @@ def main_ab(argv: Sequence[str]) -> int:
                                 progress=not args.quiet, side_args=side_args, before=before)
                 try:
                     outcomes, found = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
-                except KeyboardInterrupt:
-                    partial = adaptive.interrupted(runner, args.pairs, args.max_pairs, args.alpha)
+                except KeyboardInterrupt as exc:
+                    partial = adaptive.interrupted(runner, args.pairs, args.max_pairs, args.alpha, _how(exc))
                     if partial is None:
                         raise
-                    (outcomes, found), stopped = partial, True
+                    (outcomes, found), stopped = partial, exc
                 notes += found
     except ServerError as exc:
         _fail(f"{exc}\nnothing written")
         return EXIT_SIDE
-    except KeyboardInterrupt:
-        _fail("interrupted before a pair was complete: nothing written")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        _fail(f"{_how(exc)} before a pair was complete: nothing written")
+        return _interrupted_exit(exc)
     except SideFailed as exc:
         output = (exc.result.stdout + exc.result.stderr).splitlines()
         print("\n".join(output[-80:]), flush=True)
@@ -241,8 +252,16 @@ def main_ab(argv: Sequence[str]) -> int:
         notes = [*notes, ONE_START_NOTE]
     base = dataclasses.replace(base, facts=facts_of(base, runner.first_document(BASE)))
     head = dataclasses.replace(head, facts=facts_of(head, runner.first_document(HEAD)))
-    done = conclude(args, runner, outcomes, notes, base, head, seed, started, stopped)
-    return EXIT_INTERRUPTED if stopped else done
+    done = conclude(args, runner, outcomes, notes, base, head, seed, started, stopped is not None)
+    return done if stopped is None else _interrupted_exit(stopped)
+
+
+def _how(exc: KeyboardInterrupt) -> str:
+    return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+
+
+def _interrupted_exit(exc: KeyboardInterrupt) -> int:
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 
 
 def _ledger(runner: Runner, outcomes: dict[str, Outcome]) -> Ledger:

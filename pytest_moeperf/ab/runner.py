@@ -82,7 +82,8 @@ class Runner:
                  side_args: Mapping[str, Sequence[str]] | None = None,
                  before: Callable[[str, bool, bool], Mapping[str, Sequence[str]]] | None = None) -> None:
         self.sides = sides
-        self.args = [*args, "--moeperf-history", "off", "--moeperf-baselines", str(baselines)]
+        # joined with '=': a separate existing path would move pytest's rootdir (and the node ids it prints)
+        self.args = [*args, "--moeperf-history=off", f"--moeperf-baselines={baselines}"]
         self.side_args = side_args or {}  # each side's own pytest arguments (its server: `ab.servers`)
         #: run before every process: (side, it opens its pair, the pair is the run's first) -> the sides' arguments
         self.before = before

@@ -19,8 +19,9 @@ server's time, and both share the box's state of that moment); where they do not
 own side started just before it. ``--serve-reuse`` starts one server a side for the whole run (both must fit), and
 its verdicts cover those two starts.
 
-The servers are stopped at the end, also on Ctrl-C or a failed side: SIGINT to ``moeperf serve``, which stops its
-vLLM server, then whatever of its session is left gets SIGTERM and SIGKILL.
+The servers are stopped at the end, also on Ctrl-C, SIGTERM or a failed side: SIGINT to ``moeperf serve``, which
+stops its vLLM server, then whatever of its session is left gets SIGTERM and SIGKILL. Should ``moeperf ab`` be
+killed, the parent-death signal (SIGINT) stops them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pytest_moeperf.processes.lifecycle import (
     terminate_sessions,
     wait_all,
 )
+from pytest_moeperf.processes.termination import die_with_parent
 
 __all__ = ["ServerError", "Servers"]
 
@@ -100,8 +102,9 @@ class Servers:
             url_file, log = self.scratch / f"serve-{name}{n}.url", self.scratch / f"serve-{name}{n}.log"
             argv = [side.python, "-m", "pytest_moeperf.cli", "serve", self.profile, "--url-file", str(url_file),
                     "--timeout", f"{self.timeout_s:g}", "--log-dir", str(self.scratch / f"server-logs-{name}{n}")]
-            self.servers[name] = SideServer(name, start_in_session(argv, log=log, env=side.environ(), cwd=side.cwd),
-                                            url_file, log)
+            # SIGINT when moeperf ab dies (even by SIGKILL): moeperf serve then stops its vLLM server
+            proc = start_in_session(argv, log=log, env=side.environ(), cwd=side.cwd, preexec_fn=die_with_parent())
+            self.servers[name] = SideServer(name, proc, url_file, log)
             self.echo(f"moeperf ab: starting {name}'s server ({self.profile}), log {log}")
         deadline = started + self.timeout_s + 60.0
         for server in [s for name, s in self.servers.items() if only is None or name == only]:

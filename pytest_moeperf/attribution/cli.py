@@ -56,13 +56,6 @@ def _trace_file(text: str) -> Path:
     return path
 
 
-def _to_json(a: Attribution) -> dict[str, Any]:
-    return {"source": a.source, "device": a.device, "batch": a.batch, "steps": a.steps, "step_us": a.step_us,
-            "component_us": dict(a.component_us), "idle_us": a.idle_us, "idle_label": a.idle_label,
-            "shares_pct": {c: a.share_pct(c) for c in a.component_us}, "idle_share_pct": a.idle_share_pct,
-            "sum_error": a.sum_error}
-
-
 def _from_url(args: argparse.Namespace) -> list[Attribution]:
     """Profile every window first, then attribute: the traces are kept even when attribution fails."""
     from pytest_moeperf.attribution.window import profile_decode_window
@@ -129,7 +122,7 @@ def main_attribute(argv: Sequence[str] | None = None, *, out: Callable[[str], An
     if args.json is not None:
         try:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps([_to_json(a) for a in results], indent=2, sort_keys=True) + "\n")
+            args.json.write_text(json.dumps([a.to_json() for a in results], indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             print(f"moeperf attribute: cannot write {args.json}: {describe(exc)}", file=sys.stderr)
             return 2

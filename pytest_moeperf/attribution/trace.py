@@ -86,6 +86,28 @@ class Attribution:
     def share_pct(self, component: str) -> float:
         return 100.0 * self.component_us.get(component, 0.0) / self.step_us if self.step_us > 0 else 0.0
 
+    def to_json(self) -> dict[str, Any]:
+        """The record ``moeperf attribute --json`` writes (a list of these); :meth:`from_json` reads it back."""
+        return {"source": self.source, "device": self.device, "batch": self.batch, "steps": self.steps,
+                "step_us": self.step_us, "component_us": dict(self.component_us), "idle_us": self.idle_us,
+                "idle_label": self.idle_label, "shares_pct": {c: self.share_pct(c) for c in self.component_us},
+                "idle_share_pct": self.idle_share_pct, "sum_error": self.sum_error}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Attribution:
+        """One record of :meth:`to_json`; ``ValueError`` naming the field that is missing or wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"an attribution record is a JSON object, got {type(data).__name__}")
+        try:
+            components = {str(c): float(t) for c, t in dict(data["component_us"]).items()}
+            return cls(source=str(data["source"]), device=str(data["device"]), batch=int(data["batch"]),
+                       steps=int(data["steps"]), step_us=float(data["step_us"]), component_us=components,
+                       idle_us=float(data["idle_us"]))
+        except KeyError as exc:
+            raise ValueError(f"an attribution record has no {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"an attribution record has a malformed field ({exc})") from None
+
 
 def worker_traces(directory: Path, *, newer_than: Iterable[Path] = ()) -> list[Path]:
     """The worker trace files in ``directory`` (not the API server's ``async_llm`` one), minus ``newer_than``

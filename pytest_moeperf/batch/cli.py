@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pytest_moeperf.batch import plan as planning
-from pytest_moeperf.batch import tree
 from pytest_moeperf.batch.facts import FactsError, ask
 from pytest_moeperf.batch.runner import Batch
 from pytest_moeperf.batch.units import Context, run_unit
+from pytest_moeperf.processes import tree
 from pytest_moeperf.settings.checks import at_least, describe, number_in
 
 __all__ = ["main_batch"]
@@ -127,8 +127,8 @@ def _missing_suite(steps: Sequence[str], root: Path) -> str | None:
 
 
 def main_batch(argv: Sequence[str] | None = None) -> int:
-    """0: every step ran and passed (or was skipped, saying why); 1: a step failed or was cut at its time limit;
-    2: bad arguments or an interpreter that cannot run the steps; 130: interrupted."""
+    """0: every step ran and passed (or was skipped, saying why); 1: a step failed or was cut (at its time limit, or
+    its deadline skipped tests); 2: bad arguments or an interpreter that cannot run the steps; 130: interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv

@@ -1,5 +1,5 @@
 """Running a batch's commands: each in a session of its own with its output in a log, within a time limit, and
-after each unit a sweep of the batch's own process tree (:mod:`pytest_moeperf.batch.tree`).
+after each unit a sweep of the batch's own process tree (:mod:`pytest_moeperf.processes.tree`).
 
 A command past its limit gets SIGINT (pytest tears its fixtures down: servers stop, the session ends), then
 ``grace`` seconds, then SIGTERM and SIGKILL to whatever the batch started. Ctrl-C (or SIGTERM) on the batch does
@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pytest_moeperf.batch import tree
+from pytest_moeperf.processes import tree
 from pytest_moeperf.processes.lifecycle import describe_returncode, signal_session, start_in_session
 
 __all__ = ["Batch", "Outcome", "StepResult"]

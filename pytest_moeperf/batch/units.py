@@ -15,6 +15,7 @@ from pytest_moeperf.batch.facts import Facts
 from pytest_moeperf.batch.plan import Attribution, Budget, PytestRun, Topology, Unit
 from pytest_moeperf.batch.runner import Batch, StepResult
 from pytest_moeperf.processes.lifecycle import log_tail
+from pytest_moeperf.reports.document import ledger_of
 
 __all__ = ["Context", "run_unit"]
 
@@ -22,6 +23,8 @@ __all__ = ["Context", "run_unit"]
 BUDGET_RESERVE_S = 60.0
 #: a pytest round whose --moeperf-deadline would be shorter than this is not started
 MIN_ROUND_S = 30.0
+#: how many of the tests a deadline skipped a step's detail names
+NAMED = 3
 #: the cross-check's windows: (concurrency, prompts)
 CROSSCHECK = ((1, 40), (16, 160))
 
@@ -64,7 +67,7 @@ def _topology(batch: Batch, ctx: Context, result: StepResult) -> None:
 def pytest_argv(run: PytestRun, ctx: Context, report: Path, deadline_s: float | None) -> list[str]:
     plugin = () if ctx.facts.entry_point else ("-p", "pytest_moeperf.plugin")
     argv = [ctx.python, "-m", "pytest", *plugin, *run.paths, "-p", "no:cacheprovider", "-q", "-ra",
-            "--moeperf-baselines", str(ctx.baselines), "--moeperf-report", str(report)]
+            f"--moeperf-baselines={ctx.baselines}", f"--moeperf-report={report}"]  # '=': see `store.keys`
     if run.update:
         argv.append("--moeperf-update")
     if run.rounds > 1:
@@ -90,7 +93,26 @@ def _pytest(batch: Batch, ctx: Context, run: PytestRun, share: float | None, res
     lines = log_tail(log, 1)
     result.status = outcome.status
     result.detail = f"{outcome.describe()}: {lines}" if lines else outcome.describe()
+    left_out = deadline_gaps(report)
+    if left_out:  # not the whole selection: cut (a failed test stays "failed", the more urgent word)
+        result.status = "failed" if result.status == "failed" else "cut"
+        result.detail = f"{left_out}; {result.detail}"
     result.outputs += [batch.output(p) for p in (log, report) if p.exists()]
+
+
+def deadline_gaps(report: Path) -> str:
+    """What ``--moeperf-deadline`` left out of a pytest run, read from its JSON report: the tests it skipped (how
+    many, the first few) and the metrics MISSING; "" when it skipped none or there is no readable report."""
+    try:
+        ledger = ledger_of(json.loads(report.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    skipped = ledger.deadline_skipped()
+    if not skipped:
+        return ""
+    named = ", ".join(skipped[:NAMED]) + (", ..." if len(skipped) > NAMED else "")
+    return (f"--moeperf-deadline skipped {len(skipped)} test(s): {named}; "
+            f"{len(ledger.missing)} metric(s) MISSING")
 
 
 def _served_model(url: str) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from pytest_moeperf.history.plugin import HISTORY_DIR, HISTORY_FILE
 from pytest_moeperf.history.records import Point
 from pytest_moeperf.history.store import HistoryError, HistoryStore, is_postgresql, match_keys, redact, sqlite_path
 from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, WINDOW, split_by_fingerprint
-from pytest_moeperf.settings.checks import at_least, describe, number_in, output_path, pvalue
+from pytest_moeperf.settings.checks import at_least, describe, output_path, parse_fraction, pvalue
 
 ENV = "MOEPERF_HISTORY"
 
@@ -35,7 +35,11 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 
 def _open(args: argparse.Namespace) -> HistoryStore:
-    target = getattr(args, "db", None) or default_target()
+    return open_history(getattr(args, "db", None) or default_target())
+
+
+def open_history(target: str) -> HistoryStore:
+    """An existing history, to read: a SQLite file that is missing is an error here (opening would create it)."""
     if not is_postgresql(target):
         scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
         if scheme and scheme.group(1) != "sqlite":
@@ -167,8 +171,9 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="draw each trend to PATH (.png or .svg; several: the metric goes into each name)")
     trend.add_argument("--max-pvalue", type=pvalue, default=MAX_PVALUE, metavar="P",
                        help="significance of a change point (default: %(default)s)")
-    trend.add_argument("--min-magnitude", type=number_in(0.0), default=MIN_MAGNITUDE, metavar="FRAC",
-                       help="smallest relative step reported (default: %(default)s)")
+    trend.add_argument("--min-magnitude", type=parse_fraction, default=MIN_MAGNITUDE, metavar="FRAC",
+                       help="smallest relative step reported, a fraction (0.05) or a percentage (5%%) "
+                            "(default: %(default)s)")
     trend.add_argument("--window", type=at_least(2), default=WINDOW, metavar="RUNS",
                        help="sliding window of the split step, in runs (default: %(default)s)")
     trend.set_defaults(func=_guarded(_trend), fingerprint=None)

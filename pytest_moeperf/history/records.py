@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pytest_moeperf.reports.document import metric_entries
 
 
 class ReportFormatError(ValueError):
@@ -54,6 +56,7 @@ class MetricRecord:
     change: float | None = None
     allowed: float | None = None
     baseline: float | None = None
+    reason: str | None = None  # why the verdict is what it is (the report's ``extra_info.reason``)
 
     @property
     def key(self) -> str:
@@ -142,13 +145,16 @@ def metric_from_benchmark(bench: Mapping[str, Any]) -> MetricRecord:
                         n=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else 0,
                         iqr=_number(stats.get("iqr")) or 0.0, status=str(info.get("verdict") or "UNKNOWN"),
                         change=_number(info.get("change")), allowed=_number(info.get("mde", info.get("allowed"))),
-                        baseline=_number(info.get("baseline_median")))
+                        baseline=_number(info.get("baseline_median")),
+                        reason=str(info["reason"]) if info.get("reason") else None)
 
 
 def records_from_report(doc: Mapping[str, Any], started: str | None = None) -> tuple[SessionRecord, list[MetricRecord]]:
     """The run and its metrics from a ``--moeperf-report`` document; extra keys are ignored, optional ones may be
-    missing. ``started`` (ISO 8601) is the session's start, which the report does not carry."""
-    benchmarks = doc.get("benchmarks")
-    if not isinstance(benchmarks, Sequence):
-        raise ReportFormatError("report: no benchmarks list")
-    return run_from_report(doc, started), [metric_from_benchmark(b) for b in benchmarks]
+    missing. ``started`` (ISO 8601) is the session's start, which the report does not carry. The metrics come
+    through the report format's reader (`document.metric_entries`: each in its own unit, whichever schema)."""
+    try:
+        entries = metric_entries(doc)
+    except ValueError as exc:
+        raise ReportFormatError(f"report: {exc}") from None
+    return run_from_report(doc, started), [metric_from_benchmark(b) for b in entries]

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 from pytest_moeperf.history.records import MetricRecord, Point, SessionRecord, StoredSession
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 OFF = ("off", "none", "no", "false", "0")
 
 
@@ -59,6 +59,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # which machine (host id) and which branch a session ran on: noise is learned per host and branch
         "ALTER TABLE moeperf_runs ADD COLUMN host_id TEXT",
         "ALTER TABLE moeperf_runs ADD COLUMN branch TEXT",
+    ),
+    (  # why each verdict is what it is: the dashboard shows it beside REGRESSED, IMPROVED and INCONCLUSIVE
+        "ALTER TABLE moeperf_metrics ADD COLUMN reason TEXT",
     ),
 )
 
@@ -110,7 +113,8 @@ def redact(target: str) -> str:
 _RUN_COLUMNS = "r.id, r.started, r.finished, r.git_commit, r.git_dirty, r.host, r.fingerprint, r.fingerprint_hash, " \
                "r.host_id, r.branch, " \
                "r.versions"
-_METRIC_COLUMNS = "m.test_id, m.name, m.unit, m.better, m.median, m.n, m.iqr, m.status, m.change, m.allowed, m.baseline"
+_METRIC_COLUMNS = "m.test_id, m.name, m.unit, m.better, m.median, m.n, m.iqr, m.status, m.change, m.allowed, " \
+                  "m.baseline, m.reason"
 
 
 def _run(row: Sequence[Any], metrics: int = 0, regressed: int = 0) -> StoredSession:
@@ -121,7 +125,8 @@ def _run(row: Sequence[Any], metrics: int = 0, regressed: int = 0) -> StoredSess
 
 def _metric(row: Sequence[Any]) -> MetricRecord:
     return MetricRecord(test_id=row[0], name=row[1], unit=row[2], better=row[3], median=float(row[4]), n=int(row[5]),
-                        iqr=float(row[6]), status=row[7], change=row[8], allowed=row[9], baseline=row[10])
+                        iqr=float(row[6]), status=row[7], change=row[8], allowed=row[9], baseline=row[10],
+                        reason=row[11])
 
 
 def match_keys(known: Iterable[str], patterns: Sequence[str]) -> list[str]:
@@ -243,9 +248,9 @@ class HistoryStore:
                 cursor = self.conn.cursor()
                 cursor.executemany(self._sql(
                     "INSERT INTO moeperf_metrics (run_id, test_id, name, unit, better, median, n, iqr, status, change, "
-                    "allowed, baseline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                    "allowed, baseline, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                     [(run_id, m.test_id, m.name, m.unit, m.better, m.median, m.n, m.iqr, m.status, m.change,
-                      m.allowed, m.baseline) for m in metrics])
+                      m.allowed, m.baseline, m.reason) for m in metrics])
                 cursor.close()
         except Exception as exc:  # noqa: BLE001 - sqlite3.Error or psycopg.Error, rolled back
             raise HistoryError(f"cannot write history {redact(self.target)}: {type(exc).__name__}: {exc}") from None
@@ -262,6 +267,23 @@ class HistoryStore:
             f"GROUP BY {_RUN_COLUMNS} ORDER BY r.finished DESC, r.id DESC"
             + (f" LIMIT {int(limit)}" if limit else ""), params)
         return [_run(row[:11], row[11], row[12]) for row in reversed(rows)]
+
+    def sessions(self) -> list[StoredSession]:
+        """Every run, oldest first, without the metric counts `runs` joins in (one row a run: cheap on a history of
+        millions of metric rows)."""
+        rows = self._rows(f"SELECT {_RUN_COLUMNS} FROM moeperf_runs r ORDER BY r.finished, r.id")
+        return [_run(row) for row in rows]
+
+    def metrics_of(self, run_ids: Sequence[int], chunk: int = 500) -> Iterator[tuple[int, MetricRecord]]:
+        """``(run id, metric)`` of every metric of the named runs, a chunk of runs per query (SQLite caps the
+        parameters of one statement)."""
+        ids = sorted(set(run_ids))
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            marks = ", ".join("?" for _ in part)
+            for row in self._rows(f"SELECT m.run_id, {_METRIC_COLUMNS} FROM moeperf_metrics m "
+                                  f"WHERE m.run_id IN ({marks})", part):
+                yield int(row[0]), _metric(row[1:])
 
     def keys(self) -> list[str]:
         return sorted(f"{t}::{n}" for t, n in self._rows("SELECT DISTINCT test_id, name FROM moeperf_metrics"))

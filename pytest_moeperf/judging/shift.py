@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_moeperf.judging import stats
-from pytest_moeperf.judging.verdict import Cause, Status, Verdict
+from pytest_moeperf.judging.verdict import LIKELY_THE_MACHINE, Cause, Status, Verdict
 from pytest_moeperf.ledger import Section
 
 __all__ = ["ALPHA", "MIN_CASES", "MIN_SHIFT", "Family", "Outlier", "StoredRuns", "family_views", "shift_notes",
@@ -224,5 +224,5 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family]) 
                            "with --moeperf-update (--moeperf-rounds 3 in 2 sittings)")
             else:
                 changed[key] = dataclasses.replace(v, reason="; ".join([*([v.reason] if v.reason else []),
-                                                                        f"{note}: likely the machine"]))
+                                                                        f"{note}: {LIKELY_THE_MACHINE}"]))
     return changed

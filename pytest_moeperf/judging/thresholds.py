@@ -16,10 +16,12 @@ or what the noise allows, whichever is larger. The noise term is ``noise_k`` × 
   REGRESSED or IMPROVED (INCONCLUSIVE names why: too few stored runs, or a baseline from another host).
 
 **Quiet floor.** Where the minimum effect is the default (no test, marker or option names one), the baseline's
-runs come from this host in at least 2 sittings (so the box's day-to-day state is in the spread) and the noise term
-is below the minimum effect, the mde may go down to ``quiet_floor`` (``--moeperf-quiet-floor``, default 3 %): a
-graph-timed GEMM whose runs agree to 0.3 % can detect a 3 % change, while a serving TPOT that moves 20 % between
-sittings keeps its noise term.
+runs come from this host in at least 2 sittings (so the box's day-to-day state is in the spread; updates less than
+an hour apart on one boot are one sitting: `store.entries.sittings`) and the noise term is below the minimum
+effect, the mde may go down to ``quiet_floor`` (``--moeperf-quiet-floor``, default 3 %): a graph-timed GEMM whose
+runs agree to 0.3 % can detect a 3 % change, while a serving TPOT that moves 20 % between sittings keeps its noise
+term. Runs of one sitting teach the spread within a sitting only: two updates 1.5 minutes apart, counted as two
+sittings, let a same-box A/A read 2 of 19 GEMM cases IMPROVED at -3.6 % and -3.9 %.
 
 ``noise_k`` defaults to 3: for a normal spread, a run median lands more than 3 σ on the worse side about 1 time in
 740, so a 1,000-metric GPU session sees about one false crossing per run before confirmation re-measures it.
@@ -31,6 +33,7 @@ Precedence for ``tolerance`` (first that is set wins): the ``tolerance=`` of ``p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +46,8 @@ DEFAULT_QUIET_FLOOR = 0.03
 MIN_RUNS_FOR_SPREAD = 3
 MIN_SITTINGS_FOR_QUIET = 2
 MARKER_ARGS = ("tolerance", "abs_tolerance", "noise_k")
+#: the threshold arguments that are relative to the value: fractions in [0, 1) (0.05 for 5 %)
+FRACTIONS = ("tolerance", "quiet_floor")
 
 
 class ThresholdError(ValueError):
@@ -58,7 +63,8 @@ class Reference:
     within_rel_iqr: float = 0.0  # the largest IQR/median among the stored runs
     #: medians of this host's last accepted sessions in the perf history (same unit, direction and re-record)
     history_medians: tuple[float, ...] = ()
-    #: how many updates (sittings) the runs came from: the rounds of one update share the box's state of that hour
+    #: how many sittings the runs came from (`store.entries.sittings`: updates an hour or a reboot apart); the
+    #: rounds of one sitting share the box's state of that hour
     sittings: int = 1
     #: None: the runs are this host's; else which other host(s) they come from ("2 other hosts")
     other_hosts: str | None = None
@@ -135,7 +141,7 @@ class Threshold:
         for name in (*MARKER_ARGS, "quiet_floor"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
-                raise ValueError(f"Threshold.{name} must be >= 0, got {value}")
+                raise ThresholdError(f"Threshold.{name} must be >= 0, got {value}")
 
     def bound(self, reference: Reference) -> Bound:
         """The mde for ``reference`` and where its noise term came from."""
@@ -180,13 +186,30 @@ class Threshold:
         return found.mde, found.spread
 
 
-def _number(where: str, name: str, value: Any) -> float:
+def fraction_hint(number: float) -> str | None:
+    """Why ``number`` (finite, >= 0) is no relative threshold, or None: those are fractions in [0, 1), and 2 is
+    more likely a 2 % than a 200 % (a metric that moves 100 % has halved or doubled)."""
+    if number < 1:
+        return None
+    return (f"a fraction in [0, 1) such as 0.05 is expected: {number:g} means {number * 100:g} %; for {number:g} % "
+            f"give {number / 100:g} (or {number:g}%)")
+
+
+def policy_value(where: str, name: str, value: Any) -> float:
+    """A threshold argument as a test gives it (``perf.record``, the marker), checked: a number (not a bool or a
+    string), finite and >= 0, and for the relative ones (`FRACTIONS`) below 1; `ThresholdError` names ``where``,
+    the argument and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ThresholdError(f"{where}: {name} must be a number, got {value!r}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise ThresholdError(f"{where}: {name} must be a number, got {value!r}") from None
-    if not number >= 0 or number == float("inf"):
+    except OverflowError:  # an integer beyond the largest float
+        number = math.inf
+    if not number >= 0 or number == math.inf:
         raise ThresholdError(f"{where}: {name} must be a finite number >= 0, got {value!r}")
+    hint = fraction_hint(number) if name in FRACTIONS else None
+    if hint is not None:
+        raise ThresholdError(f"{where}: {name}: {hint}")
     return number
 
 
@@ -201,7 +224,7 @@ def marker_values(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Mapping[s
     unknown = set(values) - set(MARKER_ARGS)
     if unknown:
         raise ThresholdError(f"{where}: unknown argument(s) {sorted(unknown)}; expected {', '.join(MARKER_ARGS)}")
-    return {name: _number(where, name, value) for name, value in values.items() if value is not None}
+    return {name: policy_value(where, name, value) for name, value in values.items() if value is not None}
 
 
 def resolve_threshold(marker: Mapping[str, float], option_tolerance: float | None = None, *,

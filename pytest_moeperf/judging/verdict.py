@@ -32,6 +32,8 @@ from pytest_moeperf.judging.stats import Summary
 from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference, Threshold
 
 ALPHA = 0.05
+#: how a verdict inside a family that moved as a whole ends its reason (`shift.in_moved_families`)
+LIKELY_THE_MACHINE = "likely the machine"
 
 
 class Cause:
@@ -84,8 +86,9 @@ class Verdict:
     @property
     def more_rounds_help(self) -> bool:
         """Whether another round of the test can settle this verdict (confirmation re-runs it): an INCONCLUSIVE
-        whose evidence is still coming, or a regression seen in one round only."""
-        if self.status is Status.REGRESSED:
+        whose evidence is still coming, or a regression or an improvement seen in one round only (the same bar
+        both ways: an improvement invites a re-record, which would store a lucky round)."""
+        if self.status in (Status.REGRESSED, Status.IMPROVED):
             return len(self.round_medians) < 2
         return self.status is Status.INCONCLUSIVE and self.change is not None and self.cause in Cause.HELPED
 
@@ -94,6 +97,14 @@ class Verdict:
         """A REGRESSED against other hosts' baselines: its test does not fail for it; the session's end decides it,
         after the machine-shift view (a family that moved as a whole is the host: `shift.in_moved_families`)."""
         return self.status is Status.REGRESSED and self.noise_source == "hosts"
+
+    @property
+    def reason_to_rerecord(self) -> bool:
+        """An IMPROVED on the evidence confirmation gives a REGRESSED: at least 2 rounds (a one-round change is
+        re-run while the budget allows: `more_rounds_help`), and not inside a family that moved as a whole (the
+        machine, not the code: an update would store the machine's move)."""
+        return (self.status is Status.IMPROVED and len(self.round_medians) >= 2
+                and LIKELY_THE_MACHINE not in self.reason)
 
     @property
     def estimate(self) -> float | None:

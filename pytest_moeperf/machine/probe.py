@@ -32,6 +32,13 @@ def host_id(gpu_uuids: tuple[str, ...] = ()) -> str:
     return f"h-{digest}"
 
 
+def boot_id() -> str | None:
+    """This boot of the machine (a hash of Linux's ``/proc/sys/kernel/random/boot_id``; None elsewhere): updates
+    on either side of a reboot are two sittings however close (`store.entries.sittings`)."""
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    return f"b-{hashlib.sha256(boot.encode()).hexdigest()[:10]}" if boot else None
+
+
 def clocks_policy(gpu_count: int) -> str:
     """How the clocks are run: the CPU frequency governor (and, with GPUs, whether NVML reports persistence)."""
     governor = _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") or "unknown"

@@ -74,6 +74,20 @@ class Host:
 
 
 @dataclass(frozen=True)
+class AllReduceFigure:
+    """An all-reduce latency a topology file states for the box it describes (a figure carried with the file, not
+    measured in this session): ``us`` per call of ``bytes`` on ``world`` ranks by ``backend``, and where it came
+    from (``source``, shown wherever the figure is used)."""
+
+    bytes: int
+    us: float
+    world: int
+    backend: str
+    source: str
+    mode: str = ""
+
+
+@dataclass(frozen=True)
 class Fingerprint:
     """``slug`` keys the baselines directory (hardware class); ``hash`` covers the finer hardware facts; ``host``
     names the machine (runs of several hosts of one fingerprint live side by side in one baseline file), and
@@ -96,6 +110,8 @@ class Topology:
     software: dict[str, str] = field(default_factory=dict)
     source: str = "probe"
     emulation: str | None = None  # an interconnect emulation this session runs under (``emulation.py``)
+    #: all-reduce latencies the file states for its box (``moeperf budget`` takes them for a target box)
+    allreduce: tuple[AllReduceFigure, ...] = ()
 
     @property
     def simulated(self) -> bool:
@@ -137,6 +153,8 @@ class Topology:
         data = asdict(self)
         data.pop("source")
         data.pop("emulation")  # a property of the session, not of the box
+        if not self.allreduce:
+            data.pop("allreduce")  # a probed box states none: its all-reduces are measured by the suites
         for gpu in data["gpus"]:
             gpu["compute_capability"] = list(gpu["compute_capability"])
         data["schema"] = SCHEMA
@@ -276,8 +294,28 @@ def load_topology(name_or_path: Path | str) -> Topology:
                 id=str(host_raw.get("id", "")), clocks=str(host_raw.get("clocks", "")))
     software_raw = _optional(data, "software", (dict, type(None)), None, str(path)) or {}
     software = {str(k): str(v) for k, v in software_raw.items()}
+    allreduce = tuple(_allreduce(raw, f"{path}: allreduce[{i}]")
+                      for i, raw in enumerate(_optional(data, "allreduce", list, [], str(path))))
     return Topology(gpus=tuple(gpus), links=tuple(links), host=host, driver_version=data.get("driver_version"),
-                    cuda_version=data.get("cuda_version"), software=software, source=str(path))
+                    cuda_version=data.get("cuda_version"), software=software, source=str(path), allreduce=allreduce)
+
+
+def _allreduce(raw: Any, where: str) -> AllReduceFigure:
+    if not isinstance(raw, dict):
+        raise TopologyError(f"{where}: expected an object")
+    unknown = set(raw) - set(AllReduceFigure.__dataclass_fields__)
+    if unknown:
+        raise TopologyError(f"{where}: unknown field(s) {sorted(unknown)}")
+    us = float(_require(raw, "us", (int, float), where))
+    figure = AllReduceFigure(bytes=_require(raw, "bytes", int, where), us=us,
+                             world=_require(raw, "world", int, where), backend=_require(raw, "backend", str, where),
+                             source=_require(raw, "source", str, where), mode=_optional(raw, "mode", str, "", where))
+    if figure.bytes < 1 or figure.us <= 0 or figure.world < 2:
+        raise TopologyError(f"{where}: bytes >= 1, us > 0 and world >= 2 needed, got bytes={figure.bytes}, "
+                            f"us={figure.us:g}, world={figure.world}")
+    if not figure.source.strip():
+        raise TopologyError(f"{where}: field 'source' must say where the figure came from")
+    return figure
 
 
 # --------------------------------------------------------------------------------------------- rendering
@@ -291,6 +329,9 @@ def render(topo: Topology) -> list[str]:
     if topo.driver_version or topo.cuda_version:
         lines.append(f"driver: {topo.driver_version or '?'}  CUDA: {topo.cuda_version or '?'}")
     lines.append("software: " + ", ".join(f"{k} {v}" for k, v in sorted(topo.software.items())))
+    for f in topo.allreduce:
+        lines.append(f"all-reduce stated by the file: {f.us:g} us per call, {f.bytes} B on {f.world} ranks "
+                     f"({f.backend}{' ' + f.mode if f.mode else ''}): {f.source}")
     if not topo.gpus:
         lines.append("GPUs: none (CPU fallback: suites run with torch on the CPU and gloo collectives)")
         return lines

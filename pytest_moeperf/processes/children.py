@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.ledger import Ledger
+from pytest_moeperf.processes.termination import start_child, stop_child
 from pytest_moeperf.reports.document import ledger_of
 
 #: the environment variable naming a file of node ids: a child session runs only those tests (the others are
@@ -45,17 +46,20 @@ class ChildResult:
 
 
 def pytest_command(python: str, args: Sequence[str], report: Path) -> list[str]:
-    return [python, "-m", "pytest", *args, "--moeperf-rounds", "1", "--moeperf-report", str(report)]
+    # option values joined with '=': a separate existing path would count towards pytest's rootdir
+    return [python, "-m", "pytest", *args, "--moeperf-rounds=1", f"--moeperf-report={report}"]
 
 
 def run_child(args: Sequence[str], cwd: Path, env: Mapping[str, str], python: str = sys.executable,
               echo: Callable[[str], None] | None = None) -> ChildResult:
     """Run ``python -m pytest ARGS`` with a private JSON report; progress lines are echoed (indented) as they
-    come, all output is kept; the child's ledger is read from its report. KeyboardInterrupt kills the child."""
+    come, all output is kept; the child's ledger is read from its report. The child ends with this process
+    (`termination.start_child`); a KeyboardInterrupt (Ctrl-C, or SIGTERM as `termination.Terminated`) interrupts
+    it, waits for its teardown and stops what is left of it, then propagates."""
     with tempfile.TemporaryDirectory(prefix="moeperf-child-") as tmp, tempfile.TemporaryFile(mode="w+") as err:
         report = Path(tmp) / "report.json"
         argv = pytest_command(python, args, report)
-        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = start_child(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
         out: list[str] = []
         try:
             assert proc.stdout is not None
@@ -65,8 +69,7 @@ def run_child(args: Sequence[str], cwd: Path, env: Mapping[str, str], python: st
                     echo("    " + line.strip())
             proc.wait()
         except BaseException:
-            proc.kill()
-            proc.wait()
+            stop_child(proc)
             raise
         err.seek(0)
         stderr = err.read()

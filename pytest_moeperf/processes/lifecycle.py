@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -31,14 +31,15 @@ LOG_TAIL_LINES = 25
 
 
 def start_in_session(argv: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None,
-                     pass_fds: Sequence[int] = (), cwd: str | Path | None = None) -> subprocess.Popen[bytes]:
+                     pass_fds: Sequence[int] = (), cwd: str | Path | None = None,
+                     preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session (so the whole tree can be signalled), stdin closed,
-    stdout and stderr appended to ``log``."""
+    stdout and stderr appended to ``log``; ``preexec_fn`` e.g. `termination.die_with_parent()`."""
     with log.open("ab") as out:
         return subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env=None if env is None else dict(env), pass_fds=tuple(pass_fds), start_new_session=True,
-            close_fds=True, cwd=cwd,
+            close_fds=True, cwd=cwd, preexec_fn=preexec_fn,
         )
 
 

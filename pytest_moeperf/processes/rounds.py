@@ -8,10 +8,12 @@ to its own: every metric gets one round per child. Tests whose round is a start 
 server the child launched) get ``max(N, S)`` rounds under ``--moeperf-starts S``: after the N rounds, rounds of only
 those tests, and no more. Then it judges every metric on all its rounds; a metric of another test that more rounds
 can still decide gets them — further children that run only the tests of such metrics, up to ``--moeperf-confirm``
-of them — and the session
-ends as any other (`conclude`): reports, and under ``--moeperf-update`` one run per storable round, in one
-transaction, only when every round finished. Under ``--moeperf-deadline`` the deadline counts from the parent's
-start across its children (``MOEPERF_DEADLINE_AT``), as the session it is.
+of them — and the session ends as any other (`conclude`): reports, and under ``--moeperf-update`` one run per
+storable round, in one transaction, only when every round finished. Under ``--moeperf-deadline`` the deadline counts
+from the parent's start across its children (``MOEPERF_DEADLINE_AT``), as the session it is. Ctrl-C or SIGTERM
+interrupts the running child (which tears its fixtures down), removes the temporary directories and ends the session
+with nothing written: exit 2 (interrupted) or 143 (terminated); a child whose parent was killed is interrupted by the
+parent-death signal (`termination`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pytest_moeperf.judging.judge import MetricChanged, budget_ended
 from pytest_moeperf.judging.thresholds import ThresholdError
 from pytest_moeperf.ledger import ROUND_UNIT, Ledger
 from pytest_moeperf.processes.children import ONLY_ENV, ChildResult, only_file, run_child
+from pytest_moeperf.processes.termination import EXIT_TERMINATED, Terminated, sigterm_interrupts
 from pytest_moeperf.settings import DEADLINE_ENV, ROUND_ENV, Settings, starts_of
 from pytest_moeperf.store.entries import BaselineError
 
@@ -101,6 +104,9 @@ class Children:
         try:
             done = run_child(config.invocation_params.args, config.invocation_params.dir, self.env(child, only),
                              sys.executable, echo=line if config.get_verbosity() >= 0 else None)
+        except Terminated:
+            line(f"moeperf: terminated (SIGTERM) in round {child.label}: nothing written", red=True)
+            return EXIT_TERMINATED
         except KeyboardInterrupt:
             line(f"moeperf: interrupted in round {child.label}: nothing written", red=True)
             return int(pytest.ExitCode.INTERRUPTED)
@@ -184,7 +190,16 @@ def unit_tests(ledger: Ledger) -> list[str]:
 
 def run(config: pytest.Config, state: Conclusion) -> int:
     """Run the rounds, the extra starts and the extra rounds of unsettled tests, judge, end the session; the exit
-    code."""
+    code. SIGTERM interrupts it as Ctrl-C does (the child is interrupted and stopped, nothing written), exit 143."""
+    with sigterm_interrupts():
+        try:
+            return _run(config, state)
+        except Terminated:  # between the rounds (a round's own says which round)
+            line("moeperf: terminated (SIGTERM) between the rounds", red=True)
+            return EXIT_TERMINATED
+
+
+def _run(config: pytest.Config, state: Conclusion) -> int:
     n = state.settings.rounds
     starts = starts_of(state.settings, 0 if state.topology.simulated else state.topology.gpu_count)
     with tempfile.TemporaryDirectory(prefix="moeperf-rounds-") as tmp:

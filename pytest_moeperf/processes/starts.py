@@ -41,14 +41,14 @@ def applies(config: pytest.Config, settings: Settings, starts: int) -> bool:
             and not config.option.collectonly)
 
 
-def measured_on_starts(config: pytest.Config, items: Sequence[pytest.Item]) -> list[str]:
-    """The node ids of ``items`` whose round is a start, in order."""
-    return [item.nodeid for item in items if round_unit(config, item) is not None]
+def measured_on_starts(config: pytest.Config, items: Sequence[pytest.Item]) -> list[pytest.Item]:
+    """The ``items`` whose round is a start, in order."""
+    return [item for item in items if round_unit(config, item) is not None]
 
 
 def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts: int, started: float
         ) -> tuple[int | None, bool]:
-    """S child sessions of ``nodeids`` (each its own start) and their verdicts; ``started``
+    """S child sessions of the tests ``nodeids`` (test ids: each its own start) and their verdicts; ``started``
     is the session's start (``time.time()``), from which the deadline counts. Returns an exit code when a child could
     not measure (then nothing may be written), and whether a test failed in a child."""
     line(f"moeperf: {len(nodeids)} test(s) measure a start: {starts} start(s) of them, each a child session that "
@@ -81,13 +81,14 @@ class Starts:
             else []
         if not delegated:
             return (yield)
-        away = set(delegated)
-        session.items[:] = [item for item in session.items if item.nodeid not in away]
+        away = {id(item) for item in delegated}
+        session.items[:] = [item for item in session.items if id(item) not in away]
         result = yield
         reporter = state.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.ensure_newline()
-        code, failed = run(state.config, state, delegated, count, time.time() - (time.monotonic() - self.started))
+        tests = [state.ids.of_item(item) for item in delegated]  # test ids, as the records and MOEPERF_ONLY name them
+        code, failed = run(state.config, state, tests, count, time.time() - (time.monotonic() - self.started))
         session.testsfailed += int(failed)
         if code == pytest.ExitCode.INTERRUPTED:
             raise KeyboardInterrupt

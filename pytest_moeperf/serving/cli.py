@@ -4,7 +4,8 @@ interrupted, then stop it.
 For work against a server the suites did not start: ``moeperf attribute --url`` (with ``--profiler-dir``, so
 the server writes torch profiler traces), ``python -m pytest_moeperf.serving.crosscheck``, attach mode
 (``--moeperf-server-url``), or ``vllm bench serve``. ``--interconnect-emulation`` starts it under an NCCL
-emulation (``emulation.py``) with the same refusal rules as the pytest option.
+emulation (``emulation.py``) with the same refusal rules as the pytest option. vLLM's compile caches go beside
+the model cache (``.moeperf/vllm-cache``), so a repeat start reuses them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main_serve(argv: Sequence[str] | None = None) -> int:
     from pytest_moeperf.machine import emulation, probe
     from pytest_moeperf.serving.lifecycle.pool import ServerPool, ServeSkip
     from pytest_moeperf.serving.lifecycle.server import ServerDied, ServerStartError
+    from pytest_moeperf.serving.lifecycle.starts import gpu_local_cpus
     from pytest_moeperf.serving.models.profiles import ProfileError, load_profile_dirs
 
     args = _parser().parse_args(list(argv) if argv is not None else None)
@@ -93,7 +95,9 @@ def main_serve(argv: Sequence[str] | None = None) -> int:
         return fail(f"cannot create a directory: {describe(exc)}")
     profile = dataclasses.replace(profile, env=env, vllm_args=(*profile.vllm_args, *extra))
     pool = ServerPool({profile.name: profile}, timeout_s=args.timeout, gpu_count=topology.gpu_count,
-                      model_cache=args.model_cache.resolve(), log_dir=args.log_dir)
+                      model_cache=args.model_cache.resolve(), log_dir=args.log_dir,
+                      compile_cache=args.model_cache.resolve().parent / "vllm-cache",
+                      gpu_cpus=gpu_local_cpus(topology))
     stop, launched = threading.Event(), threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

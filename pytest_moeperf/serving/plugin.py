@@ -44,6 +44,7 @@ from pytest_moeperf.serving.lifecycle.attach import AttachError, attached_profil
 from pytest_moeperf.serving.lifecycle.pool import Adopt, ServerPool, ServeSkip, Watch, parallel_starts
 from pytest_moeperf.serving.lifecycle.served import Served
 from pytest_moeperf.serving.lifecycle.server import ServerDied, ServerStartError
+from pytest_moeperf.serving.lifecycle.starts import gpu_local_cpus
 from pytest_moeperf.serving.models.profiles import (
     ProfileError,
     ServeProfile,
@@ -179,6 +180,8 @@ def serve(
 ) -> Iterator[Pool]:
     cache = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider
     model_cache = cache.mkdir("moeperf-models") if cache is not None else tmp_path_factory.mktemp("models")
+    # vLLM's compile caches and bytecode between sessions: beside the models (`lifecycle.caches`)
+    compile_cache = cache.mkdir("moeperf-vllm") if cache is not None else tmp_path_factory.mktemp("vllm-cache")
     pool = ServerPool(
         serve_profiles,
         timeout_s=moeperf_settings.server_timeout_s,
@@ -192,6 +195,8 @@ def serve(
         parallel=1 if hasattr(pytestconfig, "workerinput") else parallel_starts(usable_cpus()),
         adopt=health_adopt(pytestconfig),
         server_pids=moeperf_settings.server_pids,
+        compile_cache=Path(compile_cache),
+        gpu_cpus=gpu_local_cpus(topology),
     )
     try:
         yield Pool(pool)

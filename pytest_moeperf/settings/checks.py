@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, fraction_hint
+
 __all__ = ["at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
            "parse_bool", "parse_cores", "parse_count", "parse_factor", "parse_floor", "parse_fraction", "parse_name",
-           "parse_percent", "parse_positive", "parse_seconds", "parse_starts", "pvalue"]
+           "parse_noise_runs", "parse_percent", "parse_positive", "parse_seconds", "parse_starts", "pvalue"]
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -113,10 +115,18 @@ def describe(exc: BaseException) -> str:
 
 
 def parse_fraction(text: str) -> float:
-    """A relative tolerance: a fraction in [0, 10), e.g. ``0.1`` for 10 %."""
-    value = number_in(0.0)(text)
-    if value >= 10.0:
-        raise argparse.ArgumentTypeError(f"a tolerance is a fraction in [0, 10) such as 0.05, got {text}")
+    """A relative threshold: a fraction in [0, 1) such as ``0.05``, or a percentage below 100 written with its
+    sign, ``5%``. ``2`` is refused, naming the fraction it probably meant (`thresholds.fraction_hint`)."""
+    stripped = text.strip()
+    if stripped.endswith("%"):
+        percent = number_in(0.0)(stripped[:-1])
+        if percent >= 100.0:
+            raise argparse.ArgumentTypeError(f"a percentage below 100 % is expected, got {text}")
+        return percent / 100.0
+    value = number_in(0.0)(stripped)
+    hint = fraction_hint(value)
+    if hint is not None:
+        raise argparse.ArgumentTypeError(hint)
     return value
 
 
@@ -144,6 +154,17 @@ def parse_count(text: str) -> int:
 def parse_positive(text: str) -> int:
     """An integer >= 1."""
     return at_least(1)(text)
+
+
+def parse_noise_runs(text: str) -> int:
+    """How many runs a baseline keeps per metric and host: at least the `MIN_RUNS_FOR_SPREAD` the judge learns a
+    between-run spread from (fewer, and no verdict could ever be REGRESSED)."""
+    value = at_least(1)(text)
+    if value < MIN_RUNS_FOR_SPREAD:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_RUNS_FOR_SPREAD}, got {value}: a baseline learns its between-run noise from "
+            f"{MIN_RUNS_FOR_SPREAD} or more runs of a host, and with fewer kept it can never fail anything")
+    return value
 
 
 def parse_factor(text: str) -> float:

@@ -24,6 +24,7 @@ from pytest_moeperf.settings.checks import (
     parse_fraction,
     parse_milliseconds,
     parse_name,
+    parse_noise_runs,
     parse_percent,
     parse_positive,
     parse_seconds,
@@ -109,15 +110,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("topology", "topology_file", "use a recorded or hand-written topology FILE instead of probing "
            "(simulates another box: collection and markers behave as there, measurements skip)",
            "FILE", Path, None),
-    Option("tolerance", "tolerance", "the minimum effect: the smallest relative change worth failing for, as a "
-           "fraction (unset: 5 %, which quiet metrics may lower to --moeperf-quiet-floor)", "FRAC", parse_fraction,
-           None),
+    Option("tolerance", "tolerance", "the minimum effect: the smallest relative change worth failing for, a "
+           "fraction below 1 (0.05) or a percentage (5%) (unset: 5 %, which quiet metrics may lower to "
+           "--moeperf-quiet-floor)", "FRAC", parse_fraction, None),
     Option("server-url", "server_urls", "measure the running OpenAI-compatible vLLM server at URL instead of "
            "launching servers (repeatable; NAME=URL names it, reference=URL and candidate=URL pair two servers "
            "for the spec-decode speedup)", "[NAME=]URL", parse_server_urls, (), repeat=True),
     Option("server-pid", "server_pids", "count process PID and its descendants as the attached server's for the "
            "health gate, when its listening port does not name it here (another user's server, a container); "
            "repeatable", "PID", parse_pids, (), repeat=True),
+    Option("lock-timeout", "lock_timeout_s", "seconds --moeperf-update waits for the baselines directory's lock "
+           "while another update or merge holds it (the holder is named every 30 s) before it gives up, writing "
+           "nothing", "SECONDS", parse_seconds, 600.0),
     Option("server-timeout", "server_timeout_s", "seconds to wait for a launched server's /health",
            "SECONDS", parse_seconds, 600.0),
     Option("rank-timeout", "rank_timeout_s", "seconds before a multi-process run is declared hung and killed",
@@ -141,7 +145,7 @@ OPTIONS: tuple[Option, ...] = (
            "fingerprint hash) fail the session", None, parse_bool, False),
     Option("noise-runs", "noise_runs", "run summaries a baseline keeps per metric to learn its between-run noise "
            "(record them in more than one sitting: rounds of one update share the box's state)",
-           "K", parse_positive, 15),
+           "K", parse_noise_runs, 15),
     Option("noise-k", "noise_k", "a metric's threshold is at least this many between-run spreads (robust σ of the "
            "stored run medians)", "K", parse_factor, 3.0),
     Option("rounds", "rounds", "measure N independent rounds, each a separate pytest process, and judge (or "
@@ -158,9 +162,10 @@ OPTIONS: tuple[Option, ...] = (
            "judge it on all its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R",
            parse_count, 3),
     Option("quiet-floor", "quiet_floor", "the smallest mde of a quiet metric: one whose baseline runs come from this "
-           "host in 2 or more sittings and whose noise term is below the minimum effect (unset: 3 %, or 2 % when "
-           "every metric is measured in 3 or more processes, --moeperf-rounds 3; off: the minimum effect is always "
-           "the floor)", "FRAC|off", parse_floor, None),
+           "host in 2 or more sittings (updates an hour or a reboot apart) and whose noise term is below the minimum "
+           "effect (unset: 3 %, or 2 % when every metric is measured in 3 or more processes, --moeperf-rounds 3; "
+           "off: the minimum effect is always the floor); a fraction below 1 (0.02) or a percentage (2%)", "FRAC|off",
+           parse_floor, None),
     Option("host-id", "host_id", "name this host in the baselines it records and judges against (containers and "
            "runner pools whose machine id is not stable); default: a hash of the machine id and the GPUs' UUIDs",
            "NAME", parse_name, None),
@@ -234,12 +239,14 @@ class Settings:
     window_requests: int | None = None  # None: the profile's, else the suite's per-device count
     starts: int | None = None  # None: auto (`starts_of`)
     deadline_at: float | None = None  # a child's: the session's deadline as a Unix time (`DEADLINE_ENV`)
+    lock_timeout_s: float = 600.0
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in
 #: `QUIET_PROCESSES` or more processes (``--moeperf-rounds``). Measured on 1x H200 (95 DeepSeek-V3 GEMM cases, 3
-#: sittings of 3 processes, each judged against the other two, docs/measurements/h200-2026-12-01-c.md): at 2 %,
-#: 0 of 1,140 A/A metrics flagged, GEMM ``time`` x 1.05 caught 95 %, x 1.03 87 %; at 3 %, x 1.03 14 %. Sessions
+#: updates of 3 processes, each judged against the other two, docs/measurements/h200-2026-12-01-c.md; recorded minutes
+#: apart, which is one sitting now, so replayed as if 2 h apart: real sittings may spread wider): at 2 %, 0 of 1,140
+#: A/A metrics flagged, GEMM ``time`` x 1.05 caught 95 %, x 1.03 87 %; at 3 %, x 1.03 14 %. Sessions
 #: of one process keep 3 %: between processes a case moves up to 2-3 % (p90 2.8 %), which a single process
 #: cannot average out (at 2 % it raised tflops false flags to 0.8-1.25 %).
 QUIET_FLOOR = 0.03

@@ -7,16 +7,16 @@ learned (`entries.BaselineEntry.reference`), and a file-level ``hosts`` table (w
 memory, driver, clocks policy). Schema-1 files are read as one run each and rewritten only when updated.
 
 An update touches only the metrics that ran, only this fingerprint's directory, and never a file it cannot
-read: a corrupt or schema-mismatched file raises `BaselineError` naming it and stays as it is. Updates of one
-baselines directory take turns (`files.locked`), and each re-reads the files under the lock, so two sessions
-updating at once both keep their metrics; every file of an update is replaced in one transaction
-(`files.commit`). Non-finite numbers are refused on write and on read.
+read: a corrupt or schema-mismatched file raises `BaselineError` naming it and stays as it is. Updates and merges
+of one baselines tree take turns on the lock of its root (`files.locked`), and each re-reads the files under the
+lock, so two sessions updating at once (or an update and a merge) keep all their runs; every file of an update is
+replaced in one transaction (`files.commit`). Non-finite numbers are refused on write and on read.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,18 +160,21 @@ class BaselineStore:
 
     def update(self, measurements: Iterable[Measurement], fingerprint: Mapping[str, Any],
                provenance: Mapping[str, Any], keep_runs: int = DEFAULT_KEEP_RUNS,
-               host_facts: Mapping[str, Any] | None = None) -> list[Path]:
+               host_facts: Mapping[str, Any] | None = None, lock_timeout: float | None = None,
+               progress: Callable[[str], None] | None = None) -> list[Path]:
         """Merge the given measurements into their suites' files; other metrics are kept as they are. Each
         measurement adds one run to its metric (a key given N times adds N runs: one per round).
 
         Under the directory's lock, every file is re-read and every text prepared first, so a corrupt file (or a
-        bad value) stops the update before anything is written; then all files are replaced in one transaction."""
+        bad value) stops the update before anything is written; then all files are replaced in one transaction.
+        Waiting for the lock, ``progress`` lines name its holder; after ``lock_timeout`` s `files.LockTimeout`."""
         by_suite: dict[str, list[Measurement]] = {}
         for m in measurements:
             by_suite.setdefault(m.suite, []).append(m)
         if not by_suite:
             return []
-        with files.locked(self.directory):
+        # the tree's lock: a merge (`trees.merge_trees`) takes the same
+        with files.locked(self.root, lock_timeout, progress, "--moeperf-lock-timeout"):
             self._files.clear()  # what another session wrote while we measured
             texts: dict[Path, str] = {}
             for suite, items in sorted(by_suite.items()):
@@ -185,6 +188,6 @@ class BaselineStore:
                     entries[m.key] = (old.updated(m, provenance, keep_runs) if old
                                       else BaselineEntry.from_measurement(m, provenance))
                 texts[self.path(suite)] = dump(fingerprint, entries, hosts)
-            written = files.commit(self.directory, texts)
+            written = files.commit(self.root, texts)
         self._files.clear()
         return written

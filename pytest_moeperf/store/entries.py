@@ -3,11 +3,18 @@ measured it) and the `Reference` a verdict is judged against on a given host.
 
 A run without a host (recorded before hosts were told apart) counts as a host of its own per sitting: the runs of
 one update shared one machine, the next update may have had another.
+
+**Sittings** (`sittings`): the rounds of one update share the box's state of that hour, and so do updates made
+back to back. Two updates are two sittings only when an hour or more lies between them, or a reboot (the boot id
+each run keeps). Two update sittings 1.5 minutes apart on a 1x H200 counted as two and unlocked the quiet floor
+(`thresholds`): a same-box A/A then read 2 of 19 GEMM cases IMPROVED (router M=1 -3.9 % against an mde of 3.6 %,
+gate_up bf16 M=1 -3.6 % against 2.0 %).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +27,8 @@ from pytest_moeperf.ledger import Identity, Measurement
 
 _SIGNIFICANT = 6
 MIN_HOSTS_FOR_SPREAD = 3
+#: updates less than this apart (on one boot) are one sitting
+SITTING_GAP = dt.timedelta(hours=1)
 
 
 class BaselineError(Exception):
@@ -37,6 +46,27 @@ def finite(where: str, key: str, values: Mapping[str, Any]) -> None:
                                 "a finite number (left untouched)")
 
 
+def _number(where: str, key: str, field: str, value: Any) -> float:
+    """A stored number as read: a JSON number that is finite; a string ("NaN", "1e999", "100"), a bool, null or
+    anything else is refused naming the file, the metric and the field."""
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # an integer beyond the largest float
+        ok = False
+    if not ok:
+        raise BaselineError(f"{where}: metric {key!r}: {field} must be a finite number, got {value!r} "
+                            "(left untouched)")
+    return float(value)
+
+
+def _count(where: str, key: str, field: str, value: Any) -> int:
+    """A stored sample count: a JSON integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BaselineError(f"{where}: metric {key!r}: {field} must be an integer >= 1, got {value!r} "
+                            "(left untouched)")
+    return value
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """One update's run of a metric, as a baseline keeps it."""
@@ -47,11 +77,12 @@ class RunSummary:
     date: str | None = None
     git_commit: str | None = None
     host: str | None = None  # the host id that measured it (None: recorded before hosts were told apart)
+    boot: str | None = None  # the boot of the host it was measured in (`machine.probe.boot_id`; None: unknown)
 
     @classmethod
     def of(cls, summary: Summary, provenance: Mapping[str, Any]) -> RunSummary:
         return cls(summary.median, summary.n, summary.iqr, provenance.get("date"), provenance.get("git_commit"),
-                   provenance.get("host_id"))
+                   provenance.get("host_id"), provenance.get("boot_id"))
 
     @property
     def host_group(self) -> str:
@@ -60,9 +91,34 @@ class RunSummary:
 
     def to_json(self) -> dict[str, Any]:
         data = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-        if data["host"] is None:
-            del data["host"]
+        for optional in ("host", "boot"):
+            if data[optional] is None:
+                del data[optional]
         return data
+
+
+def _when(date: str | None) -> dt.datetime | None:
+    try:
+        found = dt.datetime.fromisoformat(date) if date else None
+    except ValueError:
+        return None
+    return found.replace(tzinfo=dt.UTC) if found is not None and found.tzinfo is None else found
+
+
+def sittings(runs: Sequence[RunSummary]) -> int:
+    """How many sittings ``runs`` come from (see the module docstring): their updates (dates) in time order, a new
+    sitting wherever `SITTING_GAP` or more lies after the previous update or the boot changed. Runs without a
+    readable date count as one sitting together."""
+    updates = sorted({(when, run.boot) for run in runs if (when := _when(run.date)) is not None},
+                     key=lambda update: update[0])
+    count = int(any(_when(run.date) is None for run in runs))
+    previous: tuple[dt.datetime, str | None] | None = None
+    for when, boot in updates:
+        if (previous is None or when - previous[0] >= SITTING_GAP
+                or (boot is not None and previous[1] is not None and boot != previous[1])):
+            count += 1
+        previous = (when, boot)
+    return count
 
 
 def keep_last(runs: Sequence[RunSummary], keep: int) -> tuple[RunSummary, ...]:
@@ -119,13 +175,12 @@ class BaselineEntry:
         per-host medians of every host (this one included) with their spread: a cross-host reference."""
         runs = self.all_runs
         if host is None:
-            return Reference(tuple(r.median for r in runs), _within_rel_iqr(runs), sittings=len({r.date for r in runs}))
+            return Reference(tuple(r.median for r in runs), _within_rel_iqr(runs), sittings=sittings(runs))
         mine = [r for r in runs if r.host == host]
         groups = self.hosts()
         others = len(groups) - (1 if mine else 0)
         if len(mine) >= MIN_RUNS_FOR_SPREAD or (mine and len(groups) < MIN_HOSTS_FOR_SPREAD):
-            return Reference(tuple(r.median for r in mine), _within_rel_iqr(mine),
-                             sittings=len({r.date for r in mine}))
+            return Reference(tuple(r.median for r in mine), _within_rel_iqr(mine), sittings=sittings(mine))
         medians = tuple(stats.median([r.median for r in g]) for g in groups.values())
         spread = stats.relative_spread(medians) if len(groups) >= MIN_HOSTS_FOR_SPREAD else None
         label = f"{others} other host{'s' if others != 1 else ''}"
@@ -147,13 +202,14 @@ class BaselineEntry:
     def from_json(cls, key: str, data: Mapping[str, Any], where: str) -> BaselineEntry:
         try:
             raw = dict(data["summary"])
-            finite(where, key, raw)
-            summary = Summary(n=int(raw.pop("n")), **{k: float(v) for k, v in raw.items()})
+            summary = Summary(n=_count(where, key, "summary.n", raw.pop("n")),
+                              **{k: _number(where, key, f"summary.{k}", v) for k, v in raw.items()})
             runs = []
-            for run in data.get("runs", []):
-                finite(where, key, run)
-                runs.append(RunSummary(float(run["median"]), int(run["n"]), float(run["iqr"]), run.get("date"),
-                                       run.get("git_commit"), run.get("host")))
+            for i, run in enumerate(data.get("runs", [])):
+                runs.append(RunSummary(_number(where, key, f"runs[{i}].median", run["median"]),
+                                       _count(where, key, f"runs[{i}].n", run["n"]),
+                                       _number(where, key, f"runs[{i}].iqr", run["iqr"]), run.get("date"),
+                                       run.get("git_commit"), run.get("host"), run.get("boot")))
             return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
                        better=str(data["better"]), summary=summary, context=dict(data.get("context", {})),
                        provenance=dict(data.get("provenance", {})), runs=tuple(runs), since=data.get("since"))

@@ -2,35 +2,57 @@
 transaction that make an update of several files one step.
 
 * `atomic_write`: a temporary file in the same directory, fsync, rename; the file gets the mode a plain ``open()``
-  would give it (0666 less the umask), never mkstemp's 0600.
+  would give it (0666 less the umask), never mkstemp's 0600. It writes *to* what sits at the path, never instead
+  of it: through a symlink to its target; into a FIFO, a device or ``/dev/stdout`` in place.
 * `read_json_object`: one error mapping for every JSON-object file we read (baselines, profiles, topologies,
   reports): `FileFormatError` naming the file, never a traceback.
-* `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): two updates of one baselines
-  directory take turns instead of losing each other's metrics.
+* `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): every writer of a baselines tree
+  (``--moeperf-update`` of any fingerprint, ``moeperf baselines merge``) locks its root, so they take turns instead
+  of losing each other's runs. Its holder writes who it is (pid, host, command, since when) to
+  ``.moeperf-lock-holder.json`` beside the lock; a waiter names it in a progress line every 30 s and gives up after
+  its timeout with `LockTimeout`, naming it.
 * `commit`: several files replaced as one transaction. The new texts are written to temporary files, a journal
   naming them is written atomically, then each is renamed into place and the journal removed. A kill at any point
-  leaves either the old files (no journal yet) or a journal that the next `locked` entry rolls forward; stray
-  temporary files of ours are removed there too.
+  leaves either the old files (no journal yet) or a journal that the next `locked` entry rolls forward. The
+  journal names its files relative to the locked directory, so a tree copied after a kill is finished in the copy;
+  a journal that names a path outside its tree is refused (`FileFormatError`), nothing moved. Stray temporary
+  files of ours are removed there too, but only a dead writer's: a temporary file's name carries its writer
+  (``<pid>@<host>``), so a writer that does not take the lock (a report) keeps its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import json
 import os
+import re
+import socket
+import stat
+import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 LOCK_NAME = ".moeperf.lock"
+HOLDER_NAME = ".moeperf-lock-holder.json"
+DEFAULT_LOCK_TIMEOUT_S = 600.0
+PROGRESS_EVERY_S = 30.0
 JOURNAL_NAME = ".moeperf-journal.json"
 TMP_SUFFIX = ".moeperf.tmp"
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
+_WRITER = re.compile(r"\.(\d+)@([A-Za-z0-9-]*)\.[^.]*" + re.escape(TMP_SUFFIX) + "$")
 
 
 class FileFormatError(ValueError):
     """A file that cannot be read as what it should be; the message names the file."""
+
+
+class LockTimeout(TimeoutError):
+    """A directory's lock was not had within the timeout; the message names its holder."""
 
 
 def _umask() -> int:
@@ -42,7 +64,7 @@ def _umask() -> int:
 def _write_temp(path: Path, text: str) -> Path:
     """``text`` in a new temporary file beside ``path`` (same file system), flushed to disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}@{_HOST}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -55,11 +77,45 @@ def _write_temp(path: Path, text: str) -> Path:
     return Path(tmp)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a crash leaves the old file whole (see the module docstring)."""
-    tmp = _write_temp(path, text)
+def _target(path: Path) -> Path | int | None:
+    """Where a write to ``path`` goes: the file to replace (a symlink's final target, or ``path``), a descriptor of
+    this process to write to (``/dev/stdout``, ``/dev/fd/N``), or None: in place (a FIFO, a device, a socket, an
+    open file of another process)."""
+    current = Path(os.path.abspath(path))
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        own = re.fullmatch(rf"/(?:dev/fd|proc/(?:self|{os.getpid()})/fd)/(\d+)", str(current))  # /dev/stdout's
+        if own is not None:
+            return int(own.group(1))
+        if str(current).startswith("/proc/") or not current.is_symlink():
+            break
+        current = Path(os.path.normpath(Path(os.path.realpath(current.parent)) / os.readlink(current)))
     try:
-        os.replace(tmp, path)
+        mode = os.stat(current).st_mode
+    except FileNotFoundError:
+        return None if str(current).startswith("/proc/") else current
+    return current if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else None
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a crash leaves the old file whole (see the module docstring). What sits at
+    ``path`` is written to, never replaced: a symlink's target is replaced (the link stays); a FIFO, a device or
+    another process's open file is written in place; this process's own descriptor (``/dev/stdout``) is written
+    to after what was printed before."""
+    target = _target(path)
+    if isinstance(target, int):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(target, data):]
+        return
+    if target is None:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    tmp = _write_temp(target, text)
+    try:
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -68,7 +124,7 @@ def atomic_write(path: Path, text: str) -> None:
 def write_report(path: Path, text: str, append: bool = False) -> None:
     """A report file: appended to (a Markdown summary such as ``$GITHUB_STEP_SUMMARY`` collects several
     sessions), else written atomically. Raises `OSError`."""
-    if append and path.exists():
+    if append and path.exists() and not isinstance(_target(path), int):  # our stdout: after what we printed
         with path.open("a", encoding="utf-8") as handle:
             handle.write(text)
     else:
@@ -94,32 +150,114 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+def _inside(base: Path, name: str) -> Path | None:
+    """``name`` of a journal (relative to ``base``; an older version's: absolute) when it lies in ``base``."""
+    path = Path(os.path.realpath(base / name))
+    return path if path.is_relative_to(os.path.realpath(base)) else None
+
+
+def _roll_forward(journal: Path) -> None:
+    """Finish the commit a journal describes; refused (`FileFormatError`, nothing moved) when it names a path
+    outside its own tree: the tree was copied or moved while the commit was interrupted."""
+    base = journal.parent
+    moves = read_json_object(journal, "commit journal")
+    pairs = []
+    for tmp, dest in moves.items():
+        src, dst = _inside(base, tmp), _inside(base, str(dest))
+        if src is None or dst is None:
+            raise FileFormatError(f"commit journal {journal} names {tmp if src is None else dest}, outside {base}: "
+                                  "was the tree copied or moved during an interrupted update? Nothing was rolled "
+                                  "forward; check the files it names, then delete the journal")
+        pairs.append((src, dst))
+    for src, dst in pairs:
+        if src.exists():
+            os.replace(src, dst)
+    journal.unlink(missing_ok=True)
+
+
 def _recover(directory: Path) -> None:
-    """Roll a journal forward (an interrupted `commit`), then remove our stray temporary files."""
-    journal = directory / JOURNAL_NAME
-    if journal.exists():
-        try:
-            moves = json.loads(journal.read_text())
-        except (OSError, ValueError):
-            moves = {}
-        for tmp, dest in dict(moves).items():
-            if Path(tmp).exists():
-                os.replace(tmp, dest)
-        journal.unlink(missing_ok=True)
+    """Roll journals forward (an interrupted `commit`; an older version kept one in each fingerprint's directory),
+    then remove our stray temporary files of writers that are gone."""
+    for journal in (directory / JOURNAL_NAME, *sorted(directory.glob(f"*/{JOURNAL_NAME}"))):
+        if journal.exists():
+            _roll_forward(journal)
     for stray in directory.rglob(f".*{TMP_SUFFIX}"):
-        stray.unlink(missing_ok=True)
+        if not _writer_alive(stray.name):
+            stray.unlink(missing_ok=True)
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the writer a temporary file's name carries may still be writing it."""
+    found = _WRITER.search(name)
+    return found is not None and _alive(int(found.group(1)), found.group(2))  # an older version's: not named
+
+
+def _alive(pid: int, host: str) -> bool:
+    """Whether process ``pid`` of ``host`` may be running (another host's: it may)."""
+    if host != _HOST:
+        return True
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # someone else's process
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
+
+
+def holder(directory: Path) -> str:
+    """Who holds (or last held) the lock of ``directory``, as its holder file says."""
+    try:
+        found = read_json_object(directory / HOLDER_NAME, "lock holder file")
+        pid, host, since = int(found["pid"]), str(found["host"]), str(found["since"])
+        command = str(found.get("command", ""))
+    except (FileFormatError, KeyError, TypeError, ValueError):
+        return "a process that left no holder file (it may be starting, or an older version)"
+    try:
+        ago = f", {(dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(since)).total_seconds():.0f} s ago"
+    except (ValueError, TypeError):
+        ago = ""
+    gone = " (no longer running: a process it started may hold the lock)" if not _alive(pid, host) else ""
+    return f"pid {pid} on host {host}{gone}, since {since}{ago}: {command}"
+
+
+def _acquire(handle: Any, directory: Path, timeout: float | None, progress: Callable[[str], None] | None,
+             option: str) -> None:
+    started = time.monotonic()
+    said: float | None = None
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waited = time.monotonic() - started
+        if timeout is not None and waited >= timeout:
+            raise LockTimeout(f"gave up after {waited:.0f} s ({option} {timeout:g}) waiting for the lock of "
+                              f"{directory}, held by {holder(directory)}")
+        if progress is not None and (said is None or waited - said >= PROGRESS_EVERY_S):
+            limit = "" if timeout is None else f"; {option} {timeout:g}"
+            progress(f"waiting for the lock of {directory} ({waited:.0f} s{limit}), held by {holder(directory)}")
+            said = waited
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """Hold the exclusive lock of ``directory`` (created as needed); entering finishes an interrupted commit."""
+def locked(directory: Path, timeout: float | None = None, progress: Callable[[str], None] | None = None,
+           option: str = "lock timeout") -> Iterator[None]:
+    """Hold the exclusive lock of ``directory`` (created as needed); entering finishes an interrupted commit.
+    While another process holds it: ``progress`` lines name the holder; after ``timeout`` seconds (None: no
+    limit) `LockTimeout` names it and ``option``, the setting that gives the timeout."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / LOCK_NAME, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        _acquire(handle, directory, timeout, progress, option)
         try:
+            atomic_write(directory / HOLDER_NAME, json.dumps({
+                "pid": os.getpid(), "host": _HOST, "command": " ".join(sys.argv)[:400],
+                "since": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}) + "\n")
             _recover(directory)
             yield
         finally:
+            (directory / HOLDER_NAME).unlink(missing_ok=True)
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
@@ -128,16 +266,20 @@ def commit(directory: Path, texts: Mapping[Path, str]) -> list[Path]:
     the paths written."""
     if not texts:
         return []
-    temps: dict[str, str] = {}
+    outside = [str(dest) for dest in texts if _inside(directory, str(dest)) is None]
+    if outside:
+        raise ValueError(f"commit into {directory}: {', '.join(outside)} lies outside it")
+    temps: dict[Path, Path] = {}
     try:
         for dest, text in texts.items():
-            temps[str(_write_temp(dest, text))] = str(dest)
-        atomic_write(directory / JOURNAL_NAME, json.dumps(temps, indent=1))
+            temps[_write_temp(dest, text)] = dest
+        journal = {os.path.relpath(tmp, directory): os.path.relpath(dest, directory) for tmp, dest in temps.items()}
+        atomic_write(directory / JOURNAL_NAME, json.dumps(journal, indent=1))  # relative: a copied tree is whole
     except BaseException:
         for tmp in temps:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
         raise
     for tmp, final in temps.items():
         os.replace(tmp, final)
     (directory / JOURNAL_NAME).unlink(missing_ok=True)
-    return [Path(final) for final in temps.values()]
+    return list(temps.values())

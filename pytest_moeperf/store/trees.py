@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,16 +14,18 @@ from pytest_moeperf.store.baselines import DEFAULT_KEEP_RUNS, dump, parse, read_
 from pytest_moeperf.store.entries import BaselineEntry, BaselineError, merge_entries
 
 
-def merge_trees(target: Path, sources: Iterable[Path], keep: int = DEFAULT_KEEP_RUNS) -> list[Path]:
+def merge_trees(target: Path, sources: Iterable[Path], keep: int = DEFAULT_KEEP_RUNS,
+                lock_timeout: float | None = None, progress: Callable[[str], None] | None = None) -> list[Path]:
     """Merge every ``<slug>/<suite>.json`` under each source directory into ``target`` (created as needed), under
-    the target's lock and in one transaction. Runs of several hosts of one fingerprint live side by side (their
-    ``hosts`` tables are joined); files of one slug and suite whose fingerprint hashes differ are refused: they
-    were measured on different hardware."""
+    the target's lock (the one ``--moeperf-update`` takes) and in one transaction. Runs of several hosts of one
+    fingerprint live side by side (their ``hosts`` tables are joined); files of one slug and suite whose fingerprint
+    hashes differ are refused: they were measured on different hardware. Waiting for the lock, ``progress`` lines
+    name its holder; after ``lock_timeout`` seconds `files.LockTimeout`."""
     sources = list(sources)
     for root in (target, *sources):
         if not root.is_dir():
             raise BaselineError(f"baselines directory {root} does not exist")
-    with files.locked(target):
+    with files.locked(target, lock_timeout, progress, "--lock-timeout"):
         merged: dict[Path, tuple[Mapping[str, Any], dict[str, BaselineEntry], dict[str, Any]]] = {}
         for root in (target, *sources):
             for path in sorted(root.glob("*/*.json")):

@@ -44,6 +44,7 @@ from pytest_moeperf.settings import Settings
 pytestmark = pytest.mark.serving
 
 PROMPTS = Path(__file__).parents[1] / "specdecode" / "prompts" / "repetitive.json"
+CHAT_CONCURRENCY = 2  # the chat window's clients (a captured CUDA-graph size of the GPU profiles)
 CHAT_PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 1 per token), a tag, the template
 
 
@@ -182,6 +183,7 @@ def measure_and_record(
         workload=sized_workload(f"{workload}; plateau", settings.window_requests),
         server_pids=",".join(map(str, served.server_pids)) or None,
     )
+    perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     # the engine's TPOT tells a window whose answers arrived in bursts from a fast one: seen in a clean-clone CI
     # run, chat closed loop on 2 cores, client TTFT 31 -> 401 ms = E2EL with TPOT 0.013 ms, every answer in >= 3
     # chunks (a role chunk, the text, the finish), so the chunk count alone did not see it; the engine's TTFT tells
@@ -207,4 +209,4 @@ def test_open_loop(
 
 
 def test_chat_closed_loop(served: Served, perf: PerfRecorder, moeperf_settings: Settings) -> None:
-    measure_and_record(served, perf, ClosedLoop(2), moeperf_settings, Endpoint.CHAT)
+    measure_and_record(served, perf, ClosedLoop(CHAT_CONCURRENCY), moeperf_settings, Endpoint.CHAT)

@@ -177,6 +177,7 @@ def test_decode(
     result = decode_window(served, concurrency, moeperf_settings)
     decode_windows[(served.profile.name, concurrency)] = result
     describe(perf, served.profile, concurrency, moeperf_settings.window_requests)
+    perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     tol = served.profile.tolerances
     check_failures(result.all_requests.metrics)
     record_window_facts(perf, result, tol)  # the warm pass's cost and the drift check, before anything is recorded

@@ -14,11 +14,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ElementTree
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+
+from pytest_moeperf.reports.document import metric_entries
 
 INSTALLED = any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(group="pytest11"))
 #: the pytest arguments of both sides: the plugin (when it is not installed), no cache files in the project, and the
@@ -77,7 +80,7 @@ def test_a_slower_head_is_regressed_after_extra_pairs_of_its_test_alone(suite: P
     assert ab["metrics"][LATENCY]["p"] == pytest.approx(2 / 256)
     assert 0.07 < ab["metrics"][LATENCY]["estimate"] < 0.13
     assert [p["label"] for p in ab["processes"]].count("head 8") == 1 and len(ab["processes"]) == 16
-    verdicts = {b["fullname"]: b["extra_info"]["verdict"] for b in doc["benchmarks"]}
+    verdicts = {b["fullname"]: b["extra_info"]["verdict"] for b in metric_entries(doc)}
     assert verdicts == {LATENCY: "REGRESSED", GBPS: "PASS"}
     records = {r["metric"]["test_id"] + "::" + r["metric"]["name"]: r for r in doc["moeperf"]["records"]}
     origins = [r["origin"] for r in records[LATENCY]["rounds"]]
@@ -231,3 +234,71 @@ def test_both_sides_servers_start_together_only_where_two_fit() -> None:
     assert fit_twice("cpu-tiny-nospec", repo) is True
     assert fit_twice("gpu-tiny-tp1-nospec", repo) is False  # no GPU here: not even one
     assert fit_twice("no-such-profile", repo) is None and fit_twice("cpu-tiny-nospec", Path("/")) is None
+
+
+# ------------------------------------------------------------------------------------------ SIGTERM and SIGKILL
+HANGING = SUITE + """
+import pathlib, time
+
+def test_hangs_in_the_third_pair(perf):
+    if os.environ["MOEPERF_ROUND"] in ("ab base 3", "ab head 3"):
+        pathlib.Path(os.environ["PIDS"], str(os.getpid())).write_text("")
+        time.sleep(600)
+    perf.record("x", [1.0, 1.0, 1.0], unit="s")
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _hanging_ab(suite: Path) -> tuple[subprocess.Popen[str], int, Path]:
+    """``moeperf ab`` once the first process of the third pair hangs: the process, the hanging child, TMPDIR."""
+    (suite / "test_syn.py").write_text(HANGING)
+    tmp, pids = suite / "tmp", suite / "pids"
+    tmp.mkdir()
+    pids.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_moeperf.cli", "ab", "--pairs", "6", "--max-pairs", "6",
+                             "--seed", "4", "-q", "--report", "r.json", "--", "test_syn.py", *PYTEST], cwd=suite,
+                            env={**os.environ, "TMPDIR": str(tmp), "PIDS": str(pids)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(pids.iterdir()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the third pair never started"
+        time.sleep(0.1)
+    return proc, int(next(pids.iterdir()).name), tmp
+
+
+def test_sigterm_judges_the_complete_pairs_writes_and_leaves_nothing(suite: Path) -> None:
+    """Issue 30 item 8: SIGTERM ended moeperf ab with 143 and no report while its child kept measuring under pid 1
+    and /tmp/moeperf-ab-* stayed. Now it is an interruption: complete pairs judged and written, exit 143."""
+    proc, child, tmp = _hanging_ab(suite)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 143, out + err
+        assert "terminated (SIGTERM) after 2 complete pair(s) of at most 6" in out
+        ab = json.loads((suite / "r.json").read_text())["moeperf"]["ab"]
+        assert ab["pairs"] == 2 and ab["interrupted"] is True
+        assert not _alive(child), "the measuring child is stopped"
+        assert list(tmp.iterdir()) == [], "no temporary directory is left"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_of_a_killed_ab_stops(suite: Path) -> None:
+    proc, child, _ = _hanging_ab(suite)
+    try:
+        proc.kill()
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 60
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), "the parent-death signal interrupted the child"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)

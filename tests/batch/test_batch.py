@@ -104,6 +104,21 @@ def test_serving_and_attribution_default_to_the_tiny_profiles_this_machine_serve
         ("a", None, True), ("b", "pcie-no-p2p", False)]
 
 
+def test_the_rank_profile_is_the_attribution_target_and_not_in_the_default_serving_batch() -> None:
+    """gpu-kimi-rank-tp1-nospec starts slowly (~76 GB): a 1-GPU box's default serving selection leaves it out, and
+    `attribution --attribution gpu-kimi-rank-tp1-nospec` serves it (pytest's own -k on the real suite)."""
+    (serving,), _ = plan(Options(steps=("serving",)), gpu_count=1, vllm=True)
+    assert isinstance(serving, PytestRun) and serving.keyword is not None
+    listed = subprocess.run([sys.executable, "-m", "pytest", "suites/serving", "--collect-only", "-q",
+                             "-p", "no:cacheprovider", "-k", serving.keyword], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    assert ids and all("gpu-tiny-tp1-" in i for i in ids) and not any("kimi-rank" in i for i in ids)
+    units, _ = plan(Options(steps=("attribution",), attribution=("gpu-kimi-rank-tp1-nospec",)), gpu_count=1,
+                    vllm=True)
+    assert [u.profile for u in units if isinstance(u, Attribution)] == ["gpu-kimi-rank-tp1-nospec"]
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(("args", "message"), [
     (["nosuch"], "unknown step 'nosuch'"),
@@ -224,3 +239,43 @@ def test_a_run_whose_share_of_the_deadline_is_too_short_is_skipped_saying_so(tmp
     kernels = _steps(out)["kernels"]
     assert kernels["status"] == "skipped" and "a round needs 30 s plus 40 s of grace" in str(kernels["detail"])
     assert not (out / "kernels.log").exists()
+
+
+DEADLINE_SUITE = """
+import os, time
+import pytest
+
+@pytest.mark.parametrize("case", range(5))
+def test_case(perf, case):
+    if case == 0 and os.environ.get("MOEPERF_TEST_SLOW"):
+        time.sleep(float(os.environ["MOEPERF_TEST_SLOW"]))
+    perf.record("time", [1.0, 1.1, 0.9], unit="us")
+"""
+
+
+def test_a_run_whose_deadline_skipped_tests_is_cut_and_names_them(tmp_path: Path) -> None:
+    """Issue 30 item 14: ``moeperf batch serving --deadline 555`` printed ``serving: ok`` and exited 0 while its
+    deadline had skipped 14 tests and 37 metrics were MISSING."""
+    project, out, baselines = tmp_path / "project", tmp_path / "out", tmp_path / "baselines"
+    (project / "suites" / "gemm").mkdir(parents=True)
+    (project / "suites" / "allreduce").mkdir()
+    (project / "suites" / "gemm" / "test_cases.py").write_text(DEADLINE_SUITE)
+    (project / "pytest.ini").write_text("[pytest]\n")  # the rootdir, whichever of the paths passed exist
+    common = ("kernels", "--root", str(project), "--baselines", str(baselines))
+    pytest_args = ("--", "--moeperf-history", "off", "--moeperf-health", "off")
+    done = subprocess.run(_batch_argv(*common, "--update", "--no-aa", "--out", str(tmp_path / "update"),
+                                      *pytest_args), cwd=project, capture_output=True, text=True,
+                          timeout=BATCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # pytest's --moeperf-deadline is 60 - 25 = 35 s; the first case takes 37 s, the batch's limit (60 s) is not hit
+    done = subprocess.run(_batch_argv(*common, "--deadline", "60", "--grace", "25", "--out", str(out), *pytest_args),
+                          cwd=project, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S,
+                          env={**os.environ, "MOEPERF_TEST_SLOW": "37"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    kernels = _steps(out)["kernels"]
+    assert kernels["status"] == "cut", kernels
+    detail = str(kernels["detail"])
+    assert "--moeperf-deadline skipped 4 test(s)" in detail
+    assert "suites/gemm/test_cases.py::test_case[1], suites/gemm/test_cases.py::test_case[2]" in detail
+    assert "4 metric(s) MISSING" in detail
+    assert "kernels: cut (" in (out / "summary.txt").read_text()

@@ -24,6 +24,7 @@ run() {  # name [VAR=value...]
       --moeperf-report "$OUT/$name.json" "${suites[@]}" ${extra[@]+"${extra[@]}"} >"$OUT/$name.log" 2>&1
   "$PY" - "$OUT/$name.json" "$name" <<'PY' | tee -a "$OUT/power.txt"
 import collections, json, sys
+from pytest_moeperf.reports.document import metric_entries
 doc = json.load(open(sys.argv[1]))
 unjudged = ("NEW", "MISSING")
 def line(label, verdicts):
@@ -31,7 +32,7 @@ def line(label, verdicts):
     judged = sum(n for s, n in counts.items() if s not in unjudged)
     share = f"  detected {counts['REGRESSED'] / judged:.1%}" if judged else ""
     return f"{label:40s} judged {judged:4d}  " + "  ".join(f"{s} {n}" for s, n in sorted(counts.items())) + share
-rows = [(b["fullname"], b["extra_info"]) for b in doc["benchmarks"]]
+rows = [(b["fullname"], b["extra_info"]) for b in metric_entries(doc)]  # times and the other units
 print(line(sys.argv[2], [info["verdict"] for _, info in rows]))
 families = collections.defaultdict(list)
 for name, info in rows:

@@ -200,3 +200,16 @@ def test_ab_compares_the_reviewed_head_with_its_merge_base_and_fails_on_a_regres
     uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
     assert uploads and all(s.get("if") == "always()" for s in uploads)
     assert "moeperf-ab.json" in uploads[0]["with"]["path"]
+
+
+def test_the_gpu_workflow_builds_the_dashboard_of_its_history_and_uploads_it() -> None:
+    doc = load(next(p for p in WORKFLOWS if p.name == "gpu.yml"))
+    all_steps = steps(doc)
+    [suites] = [s for s in all_steps if "tox -e suites -- " in str(s.get("run", ""))]
+    [build] = [s for s in all_steps if "moeperf dashboard" in str(s.get("run", ""))]
+    assert build["env"]["MOEPERF_HISTORY"] == suites["env"]["MOEPERF_HISTORY"], "the history the suites append to"
+    assert '--db "$MOEPERF_HISTORY"' in build["run"] and build.get("if") == "always()"
+    out = build["run"].split("--out", 1)[1].split()[0]
+    assert all_steps.index(suites) < all_steps.index(build)
+    uploads = [s for s in all_steps[all_steps.index(build):] if str(s.get("uses", "")).startswith("actions/upload")]
+    assert any(str(s["with"]["path"]).strip() == out and s.get("if") == "always()" for s in uploads)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_moeperf.reports.document import metric_entries
+
 SYNTHETIC = """
 import os
 
@@ -169,9 +171,15 @@ def test_reports_json_in_benchmark_schema_and_markdown(pytester: pytest.Pytester
     assert doc["machine_info"]["moeperf"]["fingerprint"].startswith("cpu-")
     by_name = {b["fullname"]: b for b in doc["benchmarks"]}
     lat = by_name["test_synthetic.py::test_decode_step::latency"]
-    assert lat["stats"]["median"] == pytest.approx(10.0) and lat["stats"]["rounds"] == 7
+    # a time: stats in seconds, as pytest-benchmark reads them; the metric's own unit and numbers in extra_info
+    assert lat["stats"]["median"] == pytest.approx(0.010) and lat["stats"]["rounds"] == 7
     assert {"min", "max", "mean", "stddev", "iqr", "q1", "q3", "ops", "data"} <= set(lat["stats"])
     assert lat["extra_info"]["verdict"] == "PASS" and lat["extra_info"]["unit"] == "ms"
+    assert lat["extra_info"]["metric_stats"]["median"] == pytest.approx(10.0)
+    # not a time: kept out of pytest-benchmark's list, in its own unit
+    assert "test_synthetic.py::test_decode_step::throughput" not in by_name
+    (throughput,) = doc["moeperf"]["non_time_benchmarks"]
+    assert throughput["stats"]["median"] == pytest.approx(100.0) and throughput["extra_info"]["unit"] == "tok/s"
     assert lat["params"] == {"model": "tiny", "batch": 1}
     md = (pytester.path / "out" / "summary.md").read_text()
     assert md.startswith("## moeperf: cpu-")
@@ -185,7 +193,7 @@ def test_results_from_xdist_workers_are_merged(pytester: pytest.Pytester, run_mo
     result = run_moeperf("-n", "2", "--moeperf-update", "--moeperf-report", "r.json")
     result.assert_outcomes(passed=2)
     doc = json.loads((pytester.path / "r.json").read_text())
-    assert len(doc["benchmarks"]) == 3
+    assert len(metric_entries(doc)) == 3
     assert len(json.loads(baseline_file(pytester).read_text())["metrics"]) == 3
 
 

@@ -148,14 +148,15 @@ def test_merge_with_nothing_new_says_so(capsys: pytest.CaptureFixture[str], tmp_
     (["--allreduce-us", "-5"], "argument --allreduce-us: must be a finite number >= 0, got -5"),
     (["--allreduce-us", "nan"], "argument --allreduce-us: must be a finite number >= 0, got nan"),
     (["--fingerprint", "cpu-x"], "--fingerprint needs --baselines DIR"),
-    (["--model", "no-such-model"], "moeperf budget: unknown model 'no-such-model': not one of"),
+    (["--model", "no-such-model", "--from-report", "r.json"],
+     "moeperf budget: unknown model 'no-such-model': not one of"),
 ])
 def test_budget_usage_errors(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert message in failed(capsys, "budget", *args)
 
 
 def test_budget_inputs_that_cannot_be_read(capsys: pytest.CaptureFixture[str], files: Path) -> None:
-    assert failed(capsys, "budget", "--model", str(files / "folder")).startswith(
+    assert failed(capsys, "budget", "--model", str(files / "folder"), "--from-report", "r.json").startswith(
         f"moeperf budget: model config {files / 'folder'}: ")
     assert "is a directory, not a file" in failed(capsys, "budget", "--from-report", str(files / "folder"))
     assert "does not exist" in failed(capsys, "budget", "--from-report", str(files / "absent.json"))
@@ -234,6 +235,8 @@ def test_history_targets_that_are_no_database(capsys: pytest.CaptureFixture[str]
     (["trend", "latency", "--max-pvalue", "2"], "argument --max-pvalue: must be a probability in (0, 1], got 2"),
     (["trend", "latency", "--max-pvalue", "0"], "argument --max-pvalue: must be a probability in (0, 1], got 0"),
     (["trend", "latency", "--min-magnitude", "-1"], "argument --min-magnitude: must be a finite number >= 0"),
+    (["trend", "latency", "--min-magnitude", "5"], "argument --min-magnitude: a fraction in [0, 1) such as 0.05 is "
+                                                   "expected: 5 means 500 %; for 5 % give 0.05 (or 5%)"),
     (["trend", "latency", "--window", "1"], "argument --window: must be at least 2, got 1"),
     (["trend", "latency", "--plot", "out.txt"], "--plot wants a .png or .svg path, got out.txt"),
 ])

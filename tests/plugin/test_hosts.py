@@ -2,14 +2,15 @@
 
 A synthetic metric (20 samples, 0.3 % noise) recorded in 3 ``--moeperf-update`` sessions on host A: judged on host
 B at ×1.30 it is never REGRESSED (another host's baseline, no spread between hosts known); on host A at ×1.05 with
-default options it is REGRESSED (its runs agree to well under 1 %: the quiet floor, 3 %, is its mde); a 2-run
-baseline at ×1.30 is not REGRESSED (too few runs to know the noise).
+default options it is REGRESSED (its runs agree to well under 1 %, in 3 sittings: the quiet floor, 3 %, is its
+mde); a 2-run baseline at ×1.30 is not REGRESSED (too few runs to know the noise).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,18 +24,21 @@ def test_kernel(perf):
 """
 
 
-def _record(run_moeperf, monkeypatch: pytest.MonkeyPatch, host: str, sittings: int) -> None:  # type: ignore[no-untyped-def]
+def _record(run_moeperf, monkeypatch: pytest.MonkeyPatch, host: str, sittings: int,  # type: ignore[no-untyped-def]
+            spread=None) -> None:
     for seed in range(sittings):
         if seed:
-            time.sleep(1.1)  # a sitting is an update of its own date (stamped to the second)
+            time.sleep(1.1)  # an update of its own date (stamped to the second)
         monkeypatch.setenv("SEED", f"record-{seed}")
         assert run_moeperf("--moeperf-update", "--moeperf-host-id", host).ret == pytest.ExitCode.OK
+    if spread is not None:  # updates seconds apart are one sitting: stored as if made 2 hours apart
+        spread(next(Path.cwd().glob("baselines/*/test_syn.json")), 2)
 
 
 def test_another_hosts_baseline_never_fires_and_this_hosts_detects_five_percent(  # type: ignore[no-untyped-def]
-        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch, spread_sittings) -> None:
     pytester.makepyfile(test_syn=SYNTHETIC)
-    _record(run_moeperf, monkeypatch, "A", 3)
+    _record(run_moeperf, monkeypatch, "A", 3, spread_sittings)
     stored = json.loads(next((pytester.path / "baselines").glob("*/test_syn.json")).read_text())
     (entry,) = stored["metrics"].values()
     assert [run["host"] for run in entry["runs"]] == ["A", "A", "A"] and "A" in stored["hosts"]

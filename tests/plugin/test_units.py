@@ -278,7 +278,8 @@ def test_non_finite_baselines_are_refused_on_read_and_write(tmp_path: Path) -> N
     store.update([_m("a", "t", 1.0)], {"hash": "abc"}, {})
     text = store.path("test_s").read_text().replace('"median": 1.0', '"median": NaN', 1)
     store.path("test_s").write_text(text)
-    with pytest.raises(baselines.BaselineError, match=r"test_s.json: metric .*a::t.* non-finite"):
+    with pytest.raises(baselines.BaselineError, match=r"test_s.json: metric .*a::t.*: runs\[0\].median must be a "
+                                                      r"finite number, got nan"):
         baselines.read_file(store.path("test_s"))
     entry = baselines.BaselineEntry.from_measurement(_m("b", "t", 1.0), {})
     bad = dataclasses.replace(entry, summary=dataclasses.replace(entry.summary, median=math.inf))

@@ -109,6 +109,8 @@ def test_repo_profiles_load_and_gpu_profiles_skip_here() -> None:
         ({"name": "p", "model": "m", "bogus": 1}, "unknown field"),
         ({"name": "p", "model": "m", "thresholds": {"min_speedup": -1}}, "positive"),
         ({"name": "p", "model": "m", "reference": "nope"}, "no profile"),
+        # a tolerance is a fraction: 2 is 200 % (issue 30, item 5)
+        ({"name": "p", "model": "m", "tolerances": {"latency": 2}}, "p.json: tolerance 'latency': .*give 0.02"),
         # moeperf owns the bind: loopback, on the port it chose (issue 22, item 8)
         ({"name": "p", "model": "m", "vllm_args": ["--host", "0.0.0.0"]}, "p.json: field 'vllm_args': '--host'"),
         ({"name": "p", "model": "m", "vllm_args": ["--port=8000"]}, "'vllm_args': '--port=8000' .*moeperf binds"),

@@ -4,6 +4,7 @@
   :class:`Budget`, :func:`build_budget`, :func:`guard_metrics`);
 * :mod:`~pytest_moeperf.kernels.budget.inputs`: pieces and points from declared context keys, out of this
   session's measurements, a JSON report or the baseline store;
+* :mod:`~pytest_moeperf.kernels.budget.sources`: where the all-reduce term comes from, or why a step has none;
 * :mod:`~pytest_moeperf.kernels.budget.render`: Markdown lines and report sections;
 * :mod:`~pytest_moeperf.kernels.budget.cli`: ``moeperf budget``.
 """
@@ -19,7 +20,6 @@ from pytest_moeperf.kernels.budget.calc import (
     GuardMetric,
     Piece,
     allreduce_latency,
-    assemble,
     build_budget,
     guard_metrics,
     select_points,
@@ -31,18 +31,21 @@ from pytest_moeperf.kernels.budget.inputs import (
     inputs_from_report,
 )
 from pytest_moeperf.kernels.budget.render import budget_lines, budget_section, budget_sections_from
+from pytest_moeperf.kernels.budget.sources import AllReduceChoice, Candidate, choose_allreduce
 
 __all__ = [
     "ROUTED_IMPL_CHOICES",
     "ROUTED_PREFERENCE",
+    "AllReduceChoice",
     "AllReducePoint",
     "Budget",
     "BudgetRow",
+    "Candidate",
     "GuardMetric",
     "Piece",
     "allreduce_latency",
     "allreduce_points_from_store",
-    "assemble",
+    "choose_allreduce",
     "budget_lines",
     "budget_section",
     "budget_sections_from",

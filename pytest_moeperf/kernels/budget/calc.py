@@ -78,6 +78,7 @@ class AllReducePoint:
     world_size: int = 0
     source: str = ""
     mode: str = ""  # "graph" (CUDA graph replay), "eager", or "" when not said
+    how: str = "measured"  # or "stated": a figure a topology file carries for its box
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class Budget:
     rows: tuple[BudgetRow, ...]
     total_us: float
     missing: tuple[str, ...]  # ops with no time at all (the total leaves them out)
+    #: why the step is shown without its all-reduces ("" when they are in it, or TP=1 has none)
+    without_allreduce: str = ""
 
     @property
     def allreduce_share_pct(self) -> float | None:
@@ -149,14 +152,14 @@ def allreduce_latency(points: Sequence[AllReducePoint], nbytes: int) -> tuple[fl
     i = bisect.bisect_left(sizes, nbytes)
     if i < len(pts) and sizes[i] == nbytes:
         p = pts[i]
-        return p.time_us, f"measured {_label(p)} {p.bytes} B{_where(p.source)}"
+        return p.time_us, f"{p.how} {_label(p)} {p.bytes} B{_where(p.source)}"
     if 0 < i < len(pts):
         lo, hi = pts[i - 1], pts[i]
         f = (math.log(nbytes) - math.log(lo.bytes)) / (math.log(hi.bytes) - math.log(lo.bytes))
         t = math.exp(math.log(lo.time_us) + f * (math.log(hi.time_us) - math.log(lo.time_us)))
-        return t, f"interpolated {_label(lo)} {lo.bytes}-{hi.bytes} B{_where(lo.source)}"
+        return t, f"interpolated {lo.how} {_label(lo)} {lo.bytes}-{hi.bytes} B{_where(lo.source)}"
     p = pts[0] if i == 0 else pts[-1]
-    return p.time_us, f"nearest measured {_label(p)} size {p.bytes} B (clamped){_where(p.source)}"
+    return p.time_us, f"nearest {p.how} {_label(p)} size {p.bytes} B (clamped){_where(p.source)}"
 
 
 def _label(p: AllReducePoint) -> str:
@@ -189,8 +192,7 @@ def select_points(points: Sequence[AllReducePoint], tp: int,
     chosen = [p for p in usable if p.mode == mode]
     if world not in (0, tp):
         note = f"{world} ranks measured, TP={tp}"
-        chosen = [AllReducePoint(p.bytes, p.time_us, p.backend, p.world_size,
-                                 f"{p.source}; {note}" if p.source else note, p.mode) for p in chosen]
+        chosen = [dataclasses.replace(p, source=f"{p.source}; {note}" if p.source else note) for p in chosen]
     return chosen
 
 
@@ -298,6 +300,7 @@ def build_budget(
     device: DeviceSpec | None = None,
     allreduce_source: str = "",
     routed_impl: str | None = None,
+    without_allreduce: str = "",
 ) -> Budget:
     """The decode-step budget of ``spec`` at ``tp`` and ``batch``.
 
@@ -307,7 +310,9 @@ def build_budget(
     already covers every expert the batch touches); others by :data:`DENSE_PREFERENCE`. Without a piece, and with
     a ``device`` whose bandwidth is known, a roofline floor estimate labelled as such; otherwise the row has no
     time and the op is listed in ``Budget.missing``. The all-reduce row uses ``allreduce`` (µs, or measured
-    points by size). Shares are of the total of rows with a time.
+    points by size). Shares are of the total of rows with a time. ``allreduce=None`` with ``without_allreduce``
+    (why: :func:`~pytest_moeperf.kernels.budget.sources.choose_allreduce`) shows the step without its all-reduces,
+    on purpose; without a reason the all-reduce is missing like any op with no time.
 
     ``routed_impl`` picks the routed experts' implementation instead of the preference order; ``"floor"`` takes the
     bandwidth-floor estimate (a stand-in for a deployed kernel that was not measured).
@@ -318,7 +323,9 @@ def build_budget(
     raw, missing = _gemm_rows(spec, tp, batch, own + _same_shape(spec, tp, own, pieces), device, routed_impl)
     ar = allreduces_per_step(spec, tp, batch)
     if ar.count:
-        if allreduce is None:
+        if allreduce is None and without_allreduce:
+            raw.append(("all-reduce", f"{ar.bytes_each} B", ar.count, None, f"left out: {without_allreduce}"))
+        elif allreduce is None:
             raw.append(("all-reduce", f"{ar.bytes_each} B", ar.count, None, "no all-reduce latency given"))
             missing.append("all-reduce")
         elif isinstance(allreduce, (int, float)):
@@ -334,15 +341,6 @@ def build_budget(
         for comp, op, count, each, src in raw
     ]
     rows.append(BudgetRow("not modelled", NOT_MODELLED, 0, None, None, None, "not measured by these suites"))
-    return Budget(spec.name, tp, batch, tuple(rows), total, tuple(missing))
+    return Budget(spec.name, tp, batch, tuple(rows), total, tuple(missing),
+                  without_allreduce if ar.count and allreduce is None else "")
 
-
-def assemble(spec: ModelSpec, tp: int, batch: int, pieces: Sequence[Piece], points: Sequence[AllReducePoint],
-             allreduce_us: float | None, device: DeviceSpec | None, routed_impl: str | None = None) -> Budget:
-    """:func:`build_budget` with a given all-reduce latency (``allreduce_us``) or else the measured points
-    (:func:`select_points` for ``tp``)."""
-    if allreduce_us is not None:
-        return build_budget(spec, tp, batch, pieces, allreduce_us, device=device,
-                            allreduce_source="given (--allreduce-us)", routed_impl=routed_impl)
-    world = select_points(points, tp)
-    return build_budget(spec, tp, batch, pieces, world or None, device=device, routed_impl=routed_impl)

@@ -21,8 +21,9 @@ from typing import Any
 
 from pytest_moeperf.judging import stats
 from pytest_moeperf.kernels.budget.calc import AllReducePoint, Piece
+from pytest_moeperf.kernels.budget.sources import slug_family
 from pytest_moeperf.ledger import Measurement
-from pytest_moeperf.reports.document import benchmark_metrics
+from pytest_moeperf.reports.document import benchmark_metrics, report_fingerprint
 from pytest_moeperf.store.baselines import BaselineStore, read_file
 
 __all__ = [
@@ -33,10 +34,12 @@ __all__ = [
     "GEMM_METRIC",
     "Inputs",
     "allreduce_points_from_store",
+    "family_allreduce",
     "inputs_from_baselines",
     "inputs_from_measurements",
     "inputs_from_records",
     "inputs_from_report",
+    "report_slug",
 ]
 
 GEMM_METRIC = "time"
@@ -126,3 +129,23 @@ def inputs_from_baselines(root: str | Path, slug: str) -> Inputs:
 def allreduce_points_from_store(store: BaselineStore) -> list[AllReducePoint]:
     """The all-reduce points stored by the all-reduce suite (:data:`ALLREDUCE_SUITE`) for ``store``'s fingerprint."""
     return inputs_from_records(_store_records(store, (ALLREDUCE_SUITE,)), f"baselines {store.slug}")[1]
+
+
+def report_slug(path: str | Path) -> str | None:
+    """The fingerprint slug of the box a run's JSON report measured on (None when it does not say)."""
+    return report_fingerprint(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def family_allreduce(root: str | Path, slug: str, *, skip: str | None = None) -> list[tuple[str, list[AllReducePoint]]]:
+    """The all-reduce points of every fingerprint under ``root`` of ``slug``'s family (:func:`slug_family`: the same
+    GPU and interconnect, another GPU count), ``slug`` itself first, ``skip`` left out; only those holding points."""
+    family = slug_family(slug)
+    names = sorted((p.name for p in Path(root).iterdir() if p.is_dir() and slug_family(p.name) == family),
+                   key=lambda name: (name != slug, name)) if Path(root).is_dir() else []
+    found = []
+    for name in names:
+        if name != skip:
+            points = allreduce_points_from_store(BaselineStore(Path(root), name))
+            if points:
+                found.append((name, points))
+    return found

@@ -1,21 +1,15 @@
 """The servers of a session on one box: at most what fits runs at once.
 
 A launched server occupies GPUs and a share of each one's memory (its ``--gpu-memory-utilization``); the shares
-on one GPU may sum to at most :data:`GPU_SHARE_BUDGET`. On CPU at most :data:`CPU_SERVERS` run at once: a
+on one GPU may sum to at most `fit.GPU_SHARE_BUDGET`. On CPU at most `fit.CPU_SERVERS` run at once: a
 reference and a candidate, so a speedup alternates windows on the same prompts instead of restarting servers
 (a vLLM CPU server takes 100-180 s to start on 2 cores; an idle one takes no measurable CPU). A profile that does
 not fit stops the least recently used servers until it does (``CUDA_VISIBLE_DEVICES`` pins each to its GPUs).
 Attached servers are somebody else's: never started, stopped or counted; their processes here (from the port, or
 ``--moeperf-server-pid``) are the health gate's (``adopt``).
 
-**Starting together.** A start is minutes of mostly single-threaded work (imports, torch.compile, CUDA-graph
-capture: 64-116 s per tiny-MoE server on an H200 host), so four TP=1 profiles started one after another take most
-of a 10-minute batch. When the session's tests (``wanted``, in their order) need other profiles that fit beside the
-one asked for, the pool starts them at the same time, at most `parallel_starts` of them (one per
-`CPUS_PER_START` usable CPUs: on a 2-core CI box, one: the starts stay sequential). Servers that share a GPU start
-together only when each fixes its KV cache size (`fixes_kv_cache`: ``--kv-cache-memory-bytes``): otherwise vLLM's
-memory profiling counts a neighbour's allocations during its profile run as its own. Each server's ``startup_s``
-is timed from its own launch; its context says how many started together (``started_together``).
+What fits and which starts run at once: `fit`. Each server's ``startup_s`` is timed from its own launch; what
+else goes with a start (its phases, caches, CPU placement) is `starts`.
 """
 
 from __future__ import annotations
@@ -28,12 +22,20 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_moeperf.ledger import HealthReport
+from pytest_moeperf.serving.lifecycle.fit import (
+    GPU_SHARE_BUDGET,
+    Placement,
+    companions,
+    fixes_kv_cache,
+    parallel_starts,
+    place,
+)
 from pytest_moeperf.serving.lifecycle.served import Served, vocab_size_of
 from pytest_moeperf.serving.lifecycle.server import (
+    HEALTH_POLL_S,
     AttachedServer,
     LaunchedServer,
     PortTaken,
@@ -41,15 +43,8 @@ from pytest_moeperf.serving.lifecycle.server import (
     ServerStartError,
     free_port,
 )
-from pytest_moeperf.serving.models.profiles import (
-    KIMI_SHAPED,
-    TARGETS,
-    TINY_DRAFT,
-    TINY_EAGLE3,
-    TINY_MOE,
-    ServeProfile,
-    launch_blocker,
-)
+from pytest_moeperf.serving.lifecycle.starts import StartKit
+from pytest_moeperf.serving.models.profiles import TARGETS, ServeProfile, launch_blocker
 
 __all__ = ["GPU_SHARE_BUDGET", "Placement", "ServerPool", "ServeSkip", "companions", "fixes_kv_cache",
            "parallel_starts", "pin_gpus", "place"]
@@ -59,50 +54,12 @@ log = logging.getLogger("pytest_moeperf.serving")
 #: The health gate's window judge: ``watch(gpus)`` yields a list that holds the window's report when it ends.
 Watch = Callable[[Iterable[int]], AbstractContextManager[list[HealthReport]]]
 
-GPU_SHARE_BUDGET = 0.9
-CPU_SERVERS = 2  # each tiny-model server holds VLLM_CPU_KVCACHE_SPACE (1 GiB) of KV cache
-CPUS_PER_START = 4
-KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--kv-cache-memory")
 Adopt = Callable[[Iterable[int]], None]
 PORT_ATTEMPTS = 3  # starts of one server on fresh ports when another process took the port first
 
 
-def parallel_starts(cpus: int) -> int:
-    """Server starts that may run at once on a host with ``cpus`` usable CPUs."""
-    return max(1, cpus // CPUS_PER_START)
-
-
-def fixes_kv_cache(profile: ServeProfile) -> bool:
-    """Whether the profile's server sizes its KV cache from an argument, not from profiling the GPU's free memory."""
-    return any(a == f or a.startswith(f + "=") for a in profile.vllm_args for f in KV_CACHE_FLAGS)
-
-
 class ServeSkip(Exception):
     """This host cannot launch the profile (the message says why): the test skips."""
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a launched server runs: its GPUs (empty on CPU) and the memory share it takes on each."""
-
-    gpus: tuple[int, ...]
-    share: float
-
-
-def place(profile: ServeProfile, running: Sequence[Placement], gpu_count: int) -> Placement | None:
-    """A placement for ``profile`` beside ``running`` (None: it does not fit until something stops).
-    GPUs with the most free share first, so that small servers spread and a TP group finds room."""
-    if profile.device != "cuda":
-        return Placement((), 0.0) if len(running) < CPU_SERVERS else None
-    used = [0.0] * gpu_count
-    for p in running:
-        for g in p.gpus:
-            used[g] += p.share
-    share = profile.gpu_share
-    free = sorted((g for g in range(gpu_count) if used[g] + share <= GPU_SHARE_BUDGET + 1e-9), key=lambda g: used[g])
-    if len(free) < profile.gpus_needed:
-        return None
-    return Placement(tuple(sorted(free[: profile.gpus_needed])), share)
 
 
 class ServerPool:
@@ -123,12 +80,15 @@ class ServerPool:
         adopt: Adopt | None = None,
         server_pids: Sequence[int] = (),
         ports: Callable[[], int] = free_port,
+        compile_cache: Path | None = None,
+        gpu_cpus: Mapping[int, frozenset[int]] | None = None,
     ) -> None:
         """``progress_sink``: where windows' progress lines go besides the log; ``watch(gpus)``: a context manager
         that judges the health of a window (the health gate's), used around each server's start-up; ``wanted``:
         the profiles the session's tests use, in order, and ``parallel``: how many may start at once;
         ``adopt(pids)``: the health gate's, for an attached server's processes (and ``server_pids``, named);
-        ``ports``: picks each start's loopback port."""
+        ``ports``: picks each start's loopback port; ``compile_cache``: where vLLM's compile caches and bytecode are
+        kept between starts (`starts.StartKit`; None: vLLM's defaults); ``gpu_cpus``: each GPU's local CPUs."""
         self.profiles = profiles
         self.timeout_s = timeout_s
         self.gpu_count = gpu_count
@@ -141,6 +101,7 @@ class ServerPool:
         self.adopt = adopt
         self.server_pids = tuple(server_pids)
         self.ports = ports
+        self.kit = StartKit(compile_cache, gpu_cpus)
         self.starts: dict[str, list[float]] = {}  # seconds to healthy of every start, per profile
         self._served: dict[str, Served] = {}  # insertion order = least recently used first
         self._placement: dict[str, Placement] = {}
@@ -246,20 +207,9 @@ class ServerPool:
             self.stop(victims[0])
 
     def _generated(self, target: str) -> dict[str, str]:
-        from pytest_moeperf.serving.models.tinymodel import (
-            ensure_tiny_eagle3,
-            ensure_tiny_model,
-            kimi_rank_shaped_spec,
-            tiny_draft_spec,
-        )
+        from pytest_moeperf.serving.models.generated import generated_dirs
 
-        if target in KIMI_SHAPED:
-            return {target: str(ensure_tiny_model(self.model_cache, kimi_rank_shaped_spec(KIMI_SHAPED[target])))}
-        return {
-            TINY_MOE: str(ensure_tiny_model(self.model_cache)),
-            TINY_DRAFT: str(ensure_tiny_model(self.model_cache, tiny_draft_spec())),
-            TINY_EAGLE3: str(ensure_tiny_eagle3(self.model_cache)),
-        }
+        return generated_dirs(self.model_cache, target)
 
     def launch(self, profile: ServeProfile) -> Served:
         """Start ``profile``'s server outside the pool's bookkeeping (``moeperf serve``); the caller stops it."""
@@ -285,7 +235,7 @@ class ServerPool:
                 except BaseException:
                     server.stop()  # interrupted while starting: leave nothing behind
                     raise
-        return self._started(profile, server, vocab, startup, health, 1)
+        return self._started(profile, server, vocab, startup, health, 1, spot)
 
     def _launch_group(self, group: Sequence[tuple[ServeProfile, Placement]]) -> dict[str, Served]:
         """Start every profile of ``group`` at once, wait for all; a start that failed is remembered (`_broken`)."""
@@ -323,7 +273,7 @@ class ServerPool:
                             took[name] = seconds
                             del pending[name]
                     if pending:
-                        time.sleep(1.0)
+                        time.sleep(HEALTH_POLL_S)
             except BaseException:
                 for server in servers.values():
                     server.stop()  # interrupted while starting: leave nothing behind
@@ -332,7 +282,7 @@ class ServerPool:
         for name, seconds in took.items():
             profile = self.profiles[name]
             started[name] = self._served[name] = self._started(profile, servers[name], prepared[name][1], seconds,
-                                                               health, len(servers))
+                                                               health, len(servers), placed[name])
             self._placement[name] = placed[name]
         return started
 
@@ -346,7 +296,7 @@ class ServerPool:
         model = generated[profile.model] if profile.model in TARGETS else profile.model
         vocab = vocab_size_of(Path(model)) if Path(model).is_dir() else None
         port = self.ports()
-        env = dict(profile.env)
+        env = {**self.kit.env(profile), **profile.env}
         if spot.gpus:
             env.update(pin_gpus(spot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
         server = LaunchedServer(
@@ -359,33 +309,13 @@ class ServerPool:
         return server, vocab
 
     def _started(self, profile: ServeProfile, server: LaunchedServer, vocab: int | None, startup: float,
-                 health: Sequence[HealthReport], together: int) -> Served:
+                 health: Sequence[HealthReport], together: int, spot: Placement) -> Served:
         unhealthy = tuple(r for report in health if not report.ok for r in report.reasons)
         self.starts.setdefault(profile.name, []).append(startup)
         log.info("%s healthy after %.1f s", server.describe(), startup)
-        return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup,
-                      startup_health=unhealthy, progress_sink=self.progress_sink, started_together=together)
-
-
-def companions(first: tuple[ServeProfile, Placement], candidates: Sequence[ServeProfile],
-               running: Sequence[Placement], gpu_count: int, parallel: int) -> list[tuple[ServeProfile, Placement]]:
-    """The profiles among ``candidates`` (in order) to start together with ``first``: those that fit beside the
-    ``running`` servers and the group without stopping any, at most ``parallel`` starts in all, and on a GPU only
-    profiles that fix their KV cache size (`fixes_kv_cache`), ``first`` included."""
-    head = first[0]
-    if parallel < 2 or (head.device == "cuda" and not fixes_kv_cache(head)):
-        return []
-    group = [first]
-    for profile in candidates:
-        if len(group) >= parallel:
-            break
-        if (profile.name == head.name or profile.attached_url is not None
-                or (profile.device == "cuda" and not fixes_kv_cache(profile))):
-            continue
-        spot = place(profile, [*running, *(p for _, p in group)], gpu_count)
-        if spot is not None:
-            group.append((profile, spot))
-    return group[1:]
+        return Served(profile=profile, server=server, vocab_size=vocab, startup_s=startup, startup_health=unhealthy,
+                      progress_sink=self.progress_sink, started_together=together,
+                      start=self.kit.finish(server, startup, profile, spot.gpus))
 
 
 def pin_gpus(gpus: Sequence[int], visible: str | None) -> dict[str, str]:

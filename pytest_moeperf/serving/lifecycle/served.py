@@ -14,13 +14,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_moeperf.ledger import JSONScalar
 from pytest_moeperf.serving.analysis.arbiter import EngineFigures, engine_figures
 from pytest_moeperf.serving.analysis.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
 from pytest_moeperf.serving.analysis.metrics import Slo
 from pytest_moeperf.serving.analysis.plateau import Plateau, edge_of, find, plateau_metrics
 from pytest_moeperf.serving.analysis.prometheus import parse
 from pytest_moeperf.serving.analysis.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
+from pytest_moeperf.serving.lifecycle.pinning import pinned
 from pytest_moeperf.serving.lifecycle.server import AttachedServer, LaunchedServer, ServerDied, http_get
+from pytest_moeperf.serving.lifecycle.starts import StartInfo
 from pytest_moeperf.serving.load.loadgen import (
     ClosedLoop,
     Endpoint,
@@ -97,6 +100,8 @@ class Served:
     #: the first of `fresh_seed`'s seeds: 1 for a server this session started (its cache is empty), a value drawn
     #: per session for an attached one (its prefix cache may hold an earlier session's prompts)
     first_seed: int = 1
+    #: a launched start's phases, caches and CPU placement (`starts`); None for an attached server
+    start: StartInfo | None = None
     _seeds: Iterator[int] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +127,11 @@ class Served:
             liveness=self.server.check_alive,
             progress=progress,
         )
+
+    def start_settings(self) -> dict[str, JSONScalar]:
+        """The settings of this server's start that its windows' figures depend on (`StartInfo.settings`); none for an
+        attached server."""
+        return self.start.settings() if self.start is not None else {}
 
     def fresh_seed(self) -> int:
         """A seed no earlier window of this server used (``first_seed``, then the next, … in the order asked): random
@@ -176,7 +186,12 @@ class Served:
         """Warm the server with ``warm`` under the window's own shape (unless it already ran a pass of this shape),
         then scrape, run the window (a closed loop scraping at its plateau's edges), scrape again: the acceptance
         covers exactly the window, the client's and the server's figures its plateau (an open loop's server figures:
-        the whole window)."""
+        the whole window). Under a CPU placement this process runs on the client's CPUs meanwhile."""
+        with pinned(self.start.cpusets.client if self.start and self.start.cpusets else None):
+            return self._measure(requests, shape, warm=warm, slo=slo, endpoint=endpoint)
+
+    def _measure(self, requests: Sequence[Request], shape: LoadShape, *, warm: Sequence[Request],
+                 slo: Slo | None, endpoint: Endpoint) -> SpecWindow:
         client = self.client(endpoint)
         key = shape_key(requests, shape, endpoint)
         log_path = self.server.log_path if isinstance(self.server, LaunchedServer) else None

@@ -24,7 +24,11 @@ from typing import IO
 
 from pytest_moeperf.serving.lifecycle.ports import ADDRESS_IN_USE, free_port, session_listens
 
-__all__ = ["AttachedServer", "LaunchedServer", "PortTaken", "ServerDied", "ServerStartError", "free_port", "http_get"]
+#: seconds between two looks at a starting server: a quarter second adds at most that to its time to healthy
+HEALTH_POLL_S = 0.25
+
+__all__ = ["HEALTH_POLL_S", "AttachedServer", "LaunchedServer", "PortTaken", "ServerDied", "ServerStartError",
+           "free_port", "http_get"]
 
 
 class ServerStartError(RuntimeError):
@@ -73,6 +77,7 @@ class LaunchedServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._started = 0.0
+        self.launched_at = 0.0  # epoch seconds of the launch: the server log's timestamps are wall-clock
         self._impostor = False  # another process answered /health on our port
 
     @property
@@ -94,8 +99,9 @@ class LaunchedServer:
             start_new_session=True,  # own process group: stop() reaches the engine workers too
         )
         self._started = time.monotonic()
+        self.launched_at = time.time()
 
-    def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
+    def wait_healthy(self, timeout_s: float, poll_s: float = HEALTH_POLL_S) -> float:
         """Seconds from `start` until ``/health`` answered 200 from this server (its own session listens on the
         port); raises :class:`PortTaken` when another process had taken the port, :class:`ServerStartError`
         otherwise (and stops the server either way)."""

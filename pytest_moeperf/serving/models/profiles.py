@@ -7,8 +7,9 @@ must have (GPUs) and the thresholds a speculative profile must meet against its 
 Profiles are data: :func:`load_profile_dirs` reads every ``*.json`` of the configured directories
 (``--moeperf-profiles``; the suites' ``suites/serving/profiles`` by default), so a user's own file yields tests.
 Generated models stand in for real ones by name: ``tiny-moe`` (the target), ``tiny-moe-draft`` (a one-layer
-sibling, same tokenizer: a draft model) and ``tiny-eagle3`` (an EAGLE-3 head for the tiny target); all run with
-``--load-format dummy`` (random weights), so a draft's acceptance proves the machinery, not a figure.
+sibling, same tokenizer: a draft model) and ``tiny-eagle3`` (an EAGLE-3 head for the tiny target), the Kimi-shaped
+stand-ins ``kimi-shaped-tp1``/``-tp2`` and ``kimi-k2.5-rank-tp8`` (one rank of Kimi-K2.5 at TP=8, ``kimirank``); all
+run with ``--load-format dummy`` (random weights), so a draft's acceptance proves the machinery, not a figure.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_moeperf.judging.thresholds import fraction_hint
+from pytest_moeperf.serving.models.graphs import capture_args, conflicting_flags
+from pytest_moeperf.serving.models.placement import AUTO, OFF, ROLES, parse_cpu_list
 from pytest_moeperf.store.files import FileFormatError, read_json_object
 
 __all__ = [
     "DEFAULT_DIR",
     "GENERATED_MODELS",
+    "KIMI_RANK",
     "KIMI_SHAPED",
     "TARGETS",
     "ProfileError",
@@ -44,8 +49,10 @@ TINY_DRAFT = "tiny-moe-draft"
 TINY_EAGLE3 = "tiny-eagle3"
 #: models whose per-rank shapes at the given TP are Kimi-K2.5's at TP=8 (tinymodel.kimi_rank_shaped_spec), by name
 KIMI_SHAPED = {"kimi-shaped-tp1": 1, "kimi-shaped-tp2": 2}
-GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, *KIMI_SHAPED)
-TARGETS = (TINY_MOE, *KIMI_SHAPED)  # generated models a profile may serve (with --load-format dummy)
+#: one rank of Kimi-K2.5 at TP=8 as a model of its own, INT4 W4A16 routed experts (kimirank.KimiRankSpec)
+KIMI_RANK = "kimi-k2.5-rank-tp8"
+GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, *KIMI_SHAPED, KIMI_RANK)
+TARGETS = (TINY_MOE, *KIMI_SHAPED, KIMI_RANK)  # generated models a profile may serve (with --load-format dummy)
 VLLM_DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
 TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
@@ -97,6 +104,15 @@ class ServeProfile:
     description: str = ""
     requests: int | None = None  # per measured window, instead of the suite's per-device count (a time slot)
     attached_url: str | None = None  # synthesised from a running server (attach mode): never launched
+    #: sequences per decode step to capture CUDA graphs for (`graphs`); empty: vLLM's own list
+    cudagraph_batches: tuple[int, ...] = ()
+    #: "off", "auto" or a CPU list per role (`placement`)
+    cpu_placement: str | Mapping[str, str] = OFF
+
+    @property
+    def speculative_tokens(self) -> int:
+        """Draft tokens a decode step verifies per sequence (0 without speculation)."""
+        return int((self.speculative or {}).get("num_speculative_tokens", 0))
 
     @property
     def speculates(self) -> bool:
@@ -149,6 +165,8 @@ class ServeProfile:
         ]
         if self.model in TARGETS:
             argv += ["--load-format", "dummy"]
+        if self.cudagraph_batches:
+            argv += capture_args(self.cudagraph_batches, self.speculative_tokens)
         if self.speculative is not None:
             spec = dict(self.speculative)
             draft = spec.get("model")
@@ -219,6 +237,7 @@ def _from_json(path: Path) -> ServeProfile:
     known = {
         "name", "model", "device", "tp", "gpus", "max_model_len", "dtype", "vllm_args", "env",
         "speculative", "reference", "thresholds", "tolerances", "startup_timeout_s", "description", "requests",
+        "cudagraph_batches", "cpu_placement",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -256,6 +275,8 @@ def _from_json(path: Path) -> ServeProfile:
     if bad:
         raise ProfileError(f"{path}: unknown tolerance(s) {bad}; known: {', '.join(TOLERANCE_FIELDS)}")
     timeout = get("startup_timeout_s", (int, float), None)
+    batches = _cudagraph_batches(path, get("cudagraph_batches", list, []), device, args)
+    placement = _cpu_placement(path, get("cpu_placement", (str, dict), OFF))
     return ServeProfile(
         name=name,
         model=get("model", str, required=True),
@@ -272,11 +293,60 @@ def _from_json(path: Path) -> ServeProfile:
             min_acceptance_length=_opt_float(path, th, "min_acceptance_length"),
             min_speedup=_opt_float(path, th, "min_speedup"),
         ),
-        tolerances=Tolerances(**{name: _opt_float(path, tol, name) for name in TOLERANCE_FIELDS}),
+        tolerances=Tolerances(**{name: _fraction(path, tol, name) for name in TOLERANCE_FIELDS}),
         startup_timeout_s=None if timeout is None else float(timeout),
         description=get("description", str, ""),
         requests=get("requests", int, None),
+        cudagraph_batches=batches,
+        cpu_placement=placement,
     )
+
+
+def _cudagraph_batches(path: Path, batches: list[Any], device: str, args: Sequence[str]) -> tuple[int, ...]:
+    if not batches:
+        return ()
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in batches):
+        raise ProfileError(f"{path}: field 'cudagraph_batches' must list positive integers (sequences per decode "
+                           f"step), got {batches!r}")
+    if device != "cuda":
+        raise ProfileError(f"{path}: field 'cudagraph_batches' is for CUDA graphs: device is {device!r}")
+    clash = conflicting_flags(args)
+    if clash:
+        raise ProfileError(f"{path}: field 'cudagraph_batches' and vllm_args {clash} both decide the CUDA-graph "
+                           "capture sizes: keep one")
+    seqs = _flag_value(args, "--max-num-seqs")
+    if seqs is not None and seqs.isdigit() and max(batches) > int(seqs):
+        raise ProfileError(f"{path}: field 'cudagraph_batches' {batches} exceeds --max-num-seqs {seqs}: a decode "
+                           "step never holds that many sequences")
+    return tuple(sorted(set(batches)))
+
+
+def _cpu_placement(path: Path, value: str | dict[str, Any]) -> str | Mapping[str, str]:
+    if isinstance(value, str):
+        if value not in (OFF, AUTO):
+            raise ProfileError(f"{path}: field 'cpu_placement' is {value!r}; expected {OFF!r}, {AUTO!r} or CPU lists "
+                               f"per role {{{', '.join(repr(r) + ': ...' for r in ROLES)}}}")
+        return value
+    if set(value) != set(ROLES) or not all(isinstance(v, str) for v in value.values()):
+        raise ProfileError(f"{path}: field 'cpu_placement' must map exactly {list(ROLES)} to CPU lists "
+                           f"(e.g. \"0-7\"), got {value!r}")
+    for role in ROLES:
+        try:
+            parse_cpu_list(value[role])
+        except ValueError as exc:
+            raise ProfileError(f"{path}: field 'cpu_placement', role {role!r}: {exc}") from None
+    return {role: value[role] for role in ROLES}
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``), the last one given; None when absent."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def _refuse_bind_options(path: Path, args: Sequence[str]) -> None:
@@ -289,6 +359,15 @@ def _refuse_bind_options(path: Path, args: Sequence[str]) -> None:
                 f"{path}: field 'vllm_args': {arg!r} is not allowed: moeperf binds the server to 127.0.0.1 on a "
                 f"port it chooses, and {', '.join(BIND_OPTIONS)} (a --config file can set them) would move it"
             )
+
+
+def _fraction(path: Path, table: Mapping[str, Any], key: str) -> float | None:
+    """A tolerance of the profile: a positive fraction below 1 (2 is more likely 2 % than 200 %)."""
+    value = _opt_float(path, table, key)
+    hint = None if value is None else fraction_hint(value)
+    if hint is not None:
+        raise ProfileError(f"{path}: tolerance {key!r}: {hint}")
+    return value
 
 
 def _opt_float(path: Path, table: Mapping[str, Any], key: str) -> float | None:

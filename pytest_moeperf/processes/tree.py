@@ -1,13 +1,12 @@
-"""This process's own tree: every process a batch started, wherever it went, and nothing else.
+"""A process's own tree: every process it started, wherever it went, and nothing else.
 
 A batch step starts its command in a session of its own, and that command starts more: a vLLM server runs in a
-session of *its* own, so a pytest killed at its time limit leaves the server running. To stop exactly what the
-batch started, the batch marks itself a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``: an orphaned descendant
-is re-parented to the batch instead of to init, so it stays in the batch's tree), walks ``/proc`` for its
-descendants and signals their process groups and pids. Nothing is ever found, or killed, by name: a vLLM server
-someone else started on the same machine is not in this tree.
-
-The batch is a process of its own (``moeperf batch``): "descendants" are those of this process.
+session of *its* own, so a pytest killed at its time limit leaves the server running. To stop exactly what it
+started, a process can mark itself a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``: an orphaned descendant is
+re-parented to it instead of to init, so it stays in its tree), walk ``/proc`` for its descendants and signal their
+process groups and pids. Nothing is ever found, or killed, by name: a vLLM server someone else started on the same
+machine is not in this tree. ``moeperf batch`` sweeps its tree after every unit; a ``--moeperf-rounds`` parent stops
+an interrupted child's tree (:mod:`pytest_moeperf.processes.termination`).
 """
 
 from __future__ import annotations
