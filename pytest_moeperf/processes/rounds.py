@@ -33,7 +33,7 @@ from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.judging.judge import MetricChanged, budget_ended
 from pytest_moeperf.judging.thresholds import ThresholdError
 from pytest_moeperf.ledger import ROUND_UNIT, Ledger
-from pytest_moeperf.processes.children import ONLY_ENV, ChildResult, only_file, run_child
+from pytest_moeperf.processes.children import CACHE_ENV, ONLY_ENV, ChildResult, only_file, run_child
 from pytest_moeperf.processes.termination import EXIT_TERMINATED, Terminated, sigterm_interrupts
 from pytest_moeperf.settings import DEADLINE_ENV, ROUND_ENV, Settings, starts_of
 from pytest_moeperf.store.entries import BaselineError
@@ -89,6 +89,8 @@ class Children:
 
     def env(self, child: Child, only: Sequence[str]) -> dict[str, str]:
         env = {**os.environ, ROUND_ENV: child.round_of}
+        if getattr(self.config, "cache", None) is None:  # no pytest cache: the children share one for their servers
+            env.setdefault(CACHE_ENV, str(self.scratch / "serve-cache"))
         if only:
             env[ONLY_ENV] = str(only_file(self.scratch, only))
         if self.deadline is not None:

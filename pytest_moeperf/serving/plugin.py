@@ -36,6 +36,7 @@ from pytest_moeperf.health.gate import HealthGate, usable_cpus
 from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Section
 from pytest_moeperf.machine.topology import Topology
+from pytest_moeperf.processes.children import CACHE_ENV
 from pytest_moeperf.serving.analysis.agreement import AGREE, PAIRS, ratio_of, which_moved
 from pytest_moeperf.serving.analysis.metrics import percentile
 from pytest_moeperf.serving.analysis.specdecode import CandidateRow, comparison_table
@@ -179,9 +180,19 @@ def serve(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Pool]:
     cache = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider
-    model_cache = cache.mkdir("moeperf-models") if cache is not None else tmp_path_factory.mktemp("models")
+    shared = os.environ.get(CACHE_ENV)  # a parent's, for its children's starts (`processes.children.CACHE_ENV`)
+
+    def folder(name: str) -> Path:
+        if cache is not None:
+            return Path(cache.mkdir(name))
+        if shared:
+            (Path(shared) / name).mkdir(parents=True, exist_ok=True)
+            return Path(shared) / name
+        return tmp_path_factory.mktemp(name)
+
+    model_cache = folder("moeperf-models")
     # vLLM's compile caches and bytecode between sessions: beside the models (`lifecycle.caches`)
-    compile_cache = cache.mkdir("moeperf-vllm") if cache is not None else tmp_path_factory.mktemp("vllm-cache")
+    compile_cache = folder("moeperf-vllm")
     pool = ServerPool(
         serve_profiles,
         timeout_s=moeperf_settings.server_timeout_s,

@@ -25,7 +25,8 @@ import os, pytest
 
 def called():
     with open("calls.txt", "a") as handle:
-        handle.write(f"{os.getpid()} {os.environ.get('MOEPERF_ROUND', '-')}\\n")
+        handle.write(f"{os.getpid()} {os.environ.get('MOEPERF_ROUND', '-')} "
+                     f"{os.environ.get('MOEPERF_SERVE_CACHE', '-')}\\n")
 
 def scale():
     return float(os.environ.get("MOEPERF_TEST_SCALE", "1.0"))
@@ -44,11 +45,14 @@ def test_kernel(perf):
 """
 
 
-def calls(pytester: pytest.Pytester) -> list[tuple[str, str]]:
+def calls(pytester: pytest.Pytester, caches: list[str] | None = None) -> list[tuple[str, str]]:
+    """(pid, MOEPERF_ROUND) of every call since the last look; ``caches`` gets each call's MOEPERF_SERVE_CACHE."""
     path = pytester.path / "calls.txt"
-    found = [tuple(line.split()) for line in path.read_text().splitlines()] if path.exists() else []
+    found = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
     path.unlink(missing_ok=True)
-    return found  # type: ignore[return-value]
+    if caches is not None:
+        caches += [f[2] for f in found]
+    return [(f[0], f[1]) for f in found]
 
 
 def runs(pytester: pytest.Pytester, name: str) -> int:
@@ -88,12 +92,15 @@ def test_starts_run_in_child_sessions_and_an_update_stores_one_run_each(units: p
                                  "moeperf: round 1/3 (start 1) ...", "moeperf: round 3/3 (start 3) (* s): *1 passed*",
                                  "baselines updated: 2 metric(s)",
                                  "moeperf: 3 windows on up to 3 server starts a test; 0 set aside in whole or in part"])
-    seen = calls(units)
+    caches: list[str] = []
+    seen = calls(units, caches)
     parent = [pid for pid, round_of in seen if round_of == "-"]
     starts = [(pid, round_of) for pid, round_of in seen if round_of != "-"]
     assert len(parent) == 1, "the ordinary test runs once, in the session itself"
     assert sorted(r for _, r in starts) == ["1/3", "2/3", "3/3"]
     assert len({pid for pid, _ in starts} | set(parent)) == 4, "each start is a process of its own"
+    # no pytest cache (-p no:cacheprovider): the starts share one folder for their servers' models and compile caches
+    assert len(set(caches) - {"-"}) == 1 and caches.count("-") == 1
     assert runs(units, "test_window::tpot_ms") == 3, "one stored run per start"
     assert runs(units, "test_kernel::time") == 1
 
