@@ -155,7 +155,9 @@ class Conclusion:
     def _sections(self) -> None:
         measurements = [r.metric for r in self.ledger.records.values()]
         try:
-            results = self.config.hook.pytest_moeperf_report_sections(config=self.config, measurements=measurements)
+            verdicts = {key: r.verdict for key, r in self.ledger.records.items() if r.verdict is not None}
+            results = self.config.hook.pytest_moeperf_report_sections(config=self.config, measurements=measurements,
+                                                                     verdicts=verdicts)
             self.ledger.sections += [section for result in results for section in result]
         except Exception as exc:  # noqa: BLE001 - a broken extra table must not lose the run's results
             self.errors.append(f"report sections failed: {type(exc).__name__}: {exc}")
@@ -288,6 +290,7 @@ class Conclusion:
             out.append((f"baselines updated: {self.updated} metric(s)", False) if self.updated
                        else ("baselines not updated", True))
         out += [(f"wrote {path}", False) for path in self.written]
+        out += [(line, False) for line in render.unit_lines(ledger.records.values())]
         out += [(note, False) for note in ledger.notes]
         out += [(f"moeperf: {error}", True) for error in self.errors]
         undecided_beyond = [v for v in verdicts if v.status is Status.INCONCLUSIVE and v.change is not None

@@ -39,9 +39,19 @@ def pytest_moeperf_verdict(config: pytest.Config, measurement: Measurement, roun
 
 
 @pytest.hookspec
-def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:  # type: ignore[empty-body]
-    """Return extra tables for the reports, built from this session's measurements (e.g. a decode-step budget).
-    Results of all implementations are shown, in registration order."""
+def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement],  # type: ignore[empty-body]
+                                   verdicts: dict[str, Verdict]) -> list[Section]:
+    """Return extra tables for the reports, built from this session's measurements (e.g. a decode-step budget) and
+    their verdicts by metric key. Results of all implementations are shown, in registration order."""
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_moeperf_round_unit(config: pytest.Config, item: pytest.Item) -> str | None:
+    """Return what one process's measurement of ``item`` stands for when a second measurement in the same process
+    would not be independent of it, e.g. ``"server start"`` for a serving window on a server the session launched
+    (the serving wing's answer). Such a test is never confirmed in-process, its records say so (context
+    ``round_unit``), its verdicts count the rounds as that unit, and ``--moeperf-starts S`` runs it in S child
+    sessions. None (the default): an ordinary test."""
 
 
 @pytest.hookspec

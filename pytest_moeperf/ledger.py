@@ -23,6 +23,9 @@ JSONScalar = str | int | float | bool | None
 LEDGER_SCHEMA = 1
 #: the context key that names what a test measured (e.g. a serving window's requests): part of its metrics' identity
 WORKLOAD = "workload"
+#: the context key that names what one round of the metric stands for when it is not one call of the test (e.g.
+#: "server start": a serving window is one observation of its server's start; `render.unit_lines` counts by it)
+ROUND_UNIT = "round_unit"
 #: the context key that names which of several exclusive states a metric belongs to (e.g. a server start's compile
 #: cache, ``cold`` or ``warm``): a test that measured one state this run is not expected to measure the other's
 #: metrics, so their baselines are not MISSING (the summary notes them)

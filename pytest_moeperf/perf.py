@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from pytest_moeperf.judging import stats
-from pytest_moeperf.ledger import Better, JSONScalar, Measurement, as_samples
+from pytest_moeperf.ledger import ROUND_UNIT, Better, JSONScalar, Measurement, as_samples
 
 
 class Perf:
@@ -17,15 +17,20 @@ class Perf:
     >>> perf.record("latency", [12.1, 12.3, 12.2], unit="us", better="lower")
     """
 
-    def __init__(self, test_id: str, *, simulated_from: str | None = None) -> None:
+    def __init__(self, test_id: str, *, simulated_from: str | None = None, round_unit: str | None = None) -> None:
         self.test_id = test_id
-        self._context: dict[str, JSONScalar] = {}
+        #: what one process's measurement of this test stands for (``pytest_moeperf_round_unit``), e.g. "server start"
+        self.round_unit = round_unit
+        self._context: dict[str, JSONScalar] = {} if round_unit is None else {ROUND_UNIT: round_unit}
         self._records: list[Measurement] = []
         self._earlier: list[tuple[Measurement, ...]] = []  # the records of earlier rounds (confirmation re-runs)
         self._simulated_from = simulated_from
         #: per round: why its window cannot decide anything (ordered, unique), and for which metrics (None: all)
         self._unusable: list[dict[str, frozenset[str] | None]] = [{}]
-        self._single: str | None = None  # why calling the test again would not measure again
+        #: why calling the test again would not measure again
+        self._single: str | None = None if round_unit is None else (
+            f"each {round_unit} is one observation: a re-run in this process would measure the same {round_unit} "
+            "again, not an independent round")
 
     @property
     def records(self) -> tuple[Measurement, ...]:
@@ -73,6 +78,11 @@ class Perf:
     def single_round(self) -> str | None:
         """Why this test is not re-run to confirm a verdict (None: it may be)."""
         return self._single
+
+    @property
+    def more_rounds(self) -> str:
+        """The option that gives this test more rounds when confirmation in the process cannot."""
+        return "--moeperf-rounds" if self.round_unit is None else "--moeperf-starts"
 
     def measured_once(self, reason: str) -> None:
         """Declare that calling this test again would record the same value (it comes from a fixture, e.g. a

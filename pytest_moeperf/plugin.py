@@ -19,7 +19,7 @@ from pytest_moeperf.machine import emulation, markers, placement, probe
 from pytest_moeperf.machine import topology as topology_mod
 from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.processes import rounds, termination
+from pytest_moeperf.processes import rounds, starts, termination
 from pytest_moeperf.processes.children import ONLY_ENV, read_only
 from pytest_moeperf.runtime import (
     child_key,
@@ -104,6 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state.placement_note = placement.shared_cores_note(config, placed)
     config.stash[session_key] = state
     config.pluginmanager.register(state, "moeperf-session")
+    config.pluginmanager.register(starts.Starts(state, config.stash[started_key]), "moeperf-starts")
     if resolved.round_of is not None and not hasattr(config, "workerinput"):
         # a child of --moeperf-rounds or moeperf ab: SIGTERM interrupts it as Ctrl-C does (fixtures torn down)
         child = contextlib.ExitStack()
@@ -193,8 +194,10 @@ def perf(request: pytest.FixtureRequest) -> Generator[Perf, None, None]:
     """Record metrics: ``perf.record(name, samples, unit=..., better="lower"|"higher")``."""
     state = request.config.stash[session_key]
     topo = state.topology
+    unit = request.config.hook.pytest_moeperf_round_unit(config=request.config, item=request.node)
     # keyed by the test's id relative to its project root, not pytest's rootdir (`store.keys`)
-    recorder = Perf(state.ids.of_item(request.node), simulated_from=topo.source if topo.simulated else None)
+    recorder = Perf(state.ids.of_item(request.node), simulated_from=topo.source if topo.simulated else None,
+                    round_unit=unit)
     request.node.stash[perf_key] = recorder
     yield recorder
 

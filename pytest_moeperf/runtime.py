@@ -62,8 +62,15 @@ def reported_test_id(report: pytest.TestReport, ids: TestIds) -> str:
 def skip_past_deadline(config: pytest.Config) -> None:
     """Skip the running test when ``--moeperf-deadline`` has passed. Called before every test that records
     metrics, or, for a test marked ``moeperf_deadline_inside``, by the test itself before it starts new work."""
-    deadline = config.stash[settings_key].deadline_s
+    settings = config.stash[settings_key]
+    deadline = settings.deadline_s
     if deadline is None:
+        return
+    if settings.deadline_at is not None:  # a child of a parent: the session's deadline, counted from its start
+        past = time.time() - settings.deadline_at
+        if past > 0:
+            pytest.skip(f"--moeperf-deadline {deadline:g} s passed ({past:.0f} s ago, counted from the start of the "
+                        "session whose round this is): the batch's time slot is used up")
         return
     elapsed = time.monotonic() - config.stash[started_key]
     if elapsed > deadline:

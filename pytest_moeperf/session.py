@@ -73,8 +73,8 @@ class MoePerfSession(Conclusion):
     def _verdict(self, record: Record, perf: Perf) -> Verdict:
         verdict = self.judge.judge(record)
         if perf.single_round is not None:
-            return budget_ended(verdict, 0, f"--moeperf-rounds (the test is measured once a session: "
-                                            f"{perf.single_round})")
+            why = perf.single_round if perf.round_unit else f"the test is measured once a session: {perf.single_round}"
+            return budget_ended(verdict, 0, f"{perf.more_rounds} ({why})")
         if not self.settings.update and len(perf.rounds) > self.settings.confirm:
             return budget_ended(verdict, self.settings.confirm, "--moeperf-confirm")
         return verdict

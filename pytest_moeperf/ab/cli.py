@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pytest_moeperf.ab import adaptive, calibration, paired, report
 from pytest_moeperf.ab.runner import Runner, SideFailed, merged
-from pytest_moeperf.ab.servers import ServerError, Servers
+from pytest_moeperf.ab.servers import ServerError, Servers, fit_twice
 from pytest_moeperf.ab.sides import (
     BASE,
     HEAD,
@@ -59,11 +59,13 @@ REFUSED = {
 }
 #: pytest arguments that name a server, which --serve names for each side
 SERVED = ("--moeperf-server-url", "--moeperf-server-pid")
-#: why --serve's verdicts cover two server starts, not the sides in general (lent 1x H200s, vLLM 0.26: two
+#: why --serve-reuse's verdicts cover two server starts, not the sides in general (lent 1x H200s, vLLM 0.26: two
 #: consecutive starts of one profile served c=1 at engine TPOT 2.03 and 2.32 ms on one host, 3.4 % apart on another)
-ONE_START_NOTE = ("moeperf ab: one server a side for the whole run: a difference between the two server starts "
-                  "(up to 14 % seen on 1x H200) reads as the sides' difference; --serve-fresh starts both afresh "
-                  "before every pair")
+ONE_START_NOTE = ("moeperf ab: one server a side for the whole run (--serve-reuse): a difference between the two "
+                  "server starts (up to 14 % seen on 1x H200) reads as the sides' difference; without --serve-reuse "
+                  "every pair has its own starts")
+APART_NOTE = ("moeperf ab: two servers of the profile do not fit on this box at once: each process had a fresh "
+              "server of its own side, started just before it")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,13 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"run the {side} side in a temporary git worktree of this revision "
                                  "(default: this checkout as it is)")
     parser.add_argument("--serve", metavar="PROFILE",
-                        help="start PROFILE's vLLM server once per side (moeperf serve, under the side's "
-                             "interpreter, environment and checkout) and attach every child of the side to it, "
-                             "instead of a server start in every child; both run at once")
-    parser.add_argument("--serve-fresh", action="store_true",
-                        help="with --serve: start both servers afresh before every pair, so that each pair stands "
-                             "for its own two server starts (a difference between two starts is then noise between "
-                             "pairs, not an offset read as the sides' difference); costs a server start a pair")
+                        help="serve PROFILE's vLLM server on each side (moeperf serve, under the side's interpreter, "
+                             "environment and checkout) and attach the side's children to it: both sides' servers "
+                             "started afresh, at the same time where two fit on the box, before every pair, so that "
+                             "each pair stands for its own two server starts (a difference between starts is noise "
+                             "between pairs, not an offset read as the sides' difference)")
+    reuse = parser.add_mutually_exclusive_group()
+    reuse.add_argument("--serve-reuse", action="store_true",
+                       help="with --serve: one server a side for the whole run (both up at once), a start a side "
+                            "instead of a start a pair; the verdicts then cover those two starts")
+    reuse.add_argument("--serve-fresh", action="store_true",
+                       help="with --serve: a fresh start a pair (the default; kept for scripts that name it)")
     parser.add_argument("--aa", action="store_true",
                         help="A/A calibration: run the base side twice; reports the false-alarm rate and each "
                              "metric's noise, and names metrics noisier than their minimum effect")
@@ -133,8 +139,10 @@ def problems(args: argparse.Namespace, pytest_args: Sequence[str]) -> list[str]:
         out.append(f"--max-pairs {args.max_pairs}: the signed-rank test needs at least {needed} pairs to decide "
                    f"at --alpha {args.alpha:g} over {len(adaptive.looks(args.pairs, args.max_pairs))} look(s) "
                    f"({level:.3g} a look)")
-    if args.serve_fresh and not args.serve:
-        out.append("--serve-fresh restarts the servers of --serve: name a profile with --serve PROFILE")
+    for flag in ("serve_fresh", "serve_reuse"):
+        if getattr(args, flag) and not args.serve:
+            out.append(f"--{flag.replace('_', '-')} is about the servers of --serve: name a profile with --serve "
+                       "PROFILE")
     if args.aa:
         given = [f"--head-{what}" for what in ("python", "env", "ref") if getattr(args, f"head_{what}")]
         if given:
@@ -182,6 +190,7 @@ def _main_ab(argv: Sequence[str]) -> int:
     started = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
     base_spec, head_spec = _specs(args)
     stopped: KeyboardInterrupt | None = None
+    notes: list[str] = []
     try:
         with Checkouts(Path.cwd()) as checkouts, tempfile.TemporaryDirectory(prefix="moeperf-ab-") as tmp:
             try:
@@ -199,20 +208,29 @@ def _main_ab(argv: Sequence[str]) -> int:
             baselines.mkdir()
             with contextlib.ExitStack() as stack:
                 side_args: dict[str, list[str]] = {}
-                fresh: Callable[[], dict[str, list[str]]] | None = None
+                before: Callable[[str, bool, bool], dict[str, list[str]]] | None = None
                 if args.serve:
-                    servers = stack.enter_context(Servers(args.serve, {BASE: base, HEAD: head}, Path(tmp), _say))
+                    together = fit_twice(args.serve, base.cwd) is not False
+                    if args.serve_reuse and not together:
+                        _fail(f"--serve-reuse keeps both sides' servers up at once: two servers of {args.serve} do "
+                              "not fit on this box (leave it out: a fresh server a process)")
+                        return EXIT_USAGE
+                    if not together:
+                        notes.append(APART_NOTE)
+                    servers = stack.enter_context(Servers(args.serve, {BASE: base, HEAD: head}, Path(tmp), _say,
+                                                          fresh=not args.serve_reuse, together=together))
                     side_args = servers.side_args()
-                    fresh = servers.restarted if args.serve_fresh else None
+                    before = servers.before
                 runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, Path(tmp), seed, _say,
-                                progress=not args.quiet, side_args=side_args, before_pair=fresh)
+                                progress=not args.quiet, side_args=side_args, before=before)
                 try:
-                    outcomes, notes = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
+                    outcomes, found = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)
                 except KeyboardInterrupt as exc:
                     partial = adaptive.interrupted(runner, args.pairs, args.max_pairs, args.alpha, _how(exc))
                     if partial is None:
                         raise
-                    (outcomes, notes), stopped = partial, exc
+                    (outcomes, found), stopped = partial, exc
+                notes += found
     except ServerError as exc:
         _fail(f"{exc}\nnothing written")
         return EXIT_SIDE
@@ -230,7 +248,7 @@ def _main_ab(argv: Sequence[str]) -> int:
     if not outcomes:
         _fail("the selected tests recorded no metric (perf.record): nothing to compare")
         return EXIT_USAGE
-    if args.serve and not args.serve_fresh:
+    if args.serve and args.serve_reuse:
         notes = [*notes, ONE_START_NOTE]
     base = dataclasses.replace(base, facts=facts_of(base, runner.first_document(BASE)))
     head = dataclasses.replace(head, facts=facts_of(head, runner.first_document(HEAD)))

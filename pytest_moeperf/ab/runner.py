@@ -80,12 +80,13 @@ class Runner:
     def __init__(self, sides: Mapping[str, Side], args: Sequence[str], baselines: Path, scratch: Path, seed: int,
                  echo: Callable[[str], None], progress: bool = True,
                  side_args: Mapping[str, Sequence[str]] | None = None,
-                 before_pair: Callable[[], Mapping[str, Sequence[str]]] | None = None) -> None:
+                 before: Callable[[str, bool, bool], Mapping[str, Sequence[str]]] | None = None) -> None:
         self.sides = sides
         # joined with '=': a separate existing path would move pytest's rootdir (and the node ids it prints)
         self.args = [*args, "--moeperf-history=off", f"--moeperf-baselines={baselines}"]
         self.side_args = side_args or {}  # each side's own pytest arguments (its server: `ab.servers`)
-        self.before_pair = before_pair  # run before every pair after the first; returns the sides' new arguments
+        #: run before every process: (side, it opens its pair, the pair is the run's first) -> the sides' arguments
+        self.before = before
         self.scratch = scratch
         self.rng = random.Random(seed)
         self.echo = echo
@@ -102,10 +103,11 @@ class Runner:
         which = f", {len(only)} test(s)" if only else ""
         self.echo(f"moeperf ab: block {self.blocks} ({' '.join(s for order in orders for s in order)}{which})")
         for order in orders:
-            if self.before_pair is not None and self.pairs:
-                self.side_args = self.before_pair()
+            first_pair = not self.pairs
             self.pairs += 1
-            for side in order:
+            for i, side in enumerate(order):
+                if self.before is not None:
+                    self.side_args = self.before(side, i == 0, first_pair)
                 self._run(side, only)
 
     def _run(self, name: str, only: Sequence[str]) -> None:

@@ -9,10 +9,15 @@ once, so the profile must leave room for two (the tiny GPU profiles take 0.2 of 
 told both servers' processes (``--moeperf-server-pid``), so the health gate counts neither as foreign load: the
 other side's idle server is part of the experiment, not a disturbance.
 
-One start a side makes each side's verdicts cover that start: two starts of one profile differ (1x H200, vLLM
-0.26: engine TPOT at c=1 2.03 and 2.32 ms in two consecutive starts), and that difference reads as the sides'.
-``--serve-fresh`` (`Servers.restarted`) stops and starts both before every pair, so each pair has its own two
-starts and the difference between starts becomes noise between pairs, at a server start a pair.
+**Fresh starts, by default.** A server start is the unit of a serving measurement: two starts of one profile
+differ (1x H200, vLLM 0.26: engine TPOT at c=1 2.03 and 2.32 ms in two consecutive starts, up to 14 % in another
+pair of starts), and with one start a side that difference reads as the sides'. So both servers are stopped and
+started afresh before every pair (`Servers.before`): each pair has its own two starts, and the difference between
+starts becomes noise between pairs, which the paired interval then carries, at a server start a pair. Where two
+servers of the profile fit on the box at once (`fit_twice`), both start at the same time (the start costs one
+server's time, and both share the box's state of that moment); where they do not, each process gets a server of its
+own side started just before it. ``--serve-reuse`` starts one server a side for the whole run (both must fit), and
+its verdicts cover those two starts.
 
 The servers are stopped at the end, also on Ctrl-C, SIGTERM or a failed side: SIGINT to ``moeperf serve``, which
 stops its vLLM server, then whatever of its session is left gets SIGTERM and SIGKILL. Should ``moeperf ab`` be
@@ -62,18 +67,21 @@ class Servers:
     """One ``moeperf serve PROFILE`` per side, started together, healthy or a `ServerError` naming the side."""
 
     def __init__(self, profile: str, sides: Mapping[str, Side], scratch: Path, echo: Callable[[str], None],
-                 timeout_s: float = 900.0) -> None:
+                 timeout_s: float = 900.0, *, fresh: bool = True, together: bool = True) -> None:
         self.profile = profile
         self.sides = sides
         self.scratch = scratch
         self.echo = echo
         self.timeout_s = timeout_s
+        self.fresh = fresh  # a start a pair (together) or a process (apart); else one a side for the run
+        self.together = together  # both servers fit on the box at once
         self.servers: dict[str, SideServer] = {}
-        self.starts = 0  # how many times both were started (``--serve-fresh``: once a pair)
+        self.starts = 0  # how many times servers were started
 
     def __enter__(self) -> Servers:
         try:
-            self.start()
+            if self.together:
+                self.start()
         except BaseException:
             self.stop()
             raise
@@ -83,11 +91,14 @@ class Servers:
                  ) -> None:
         self.stop()
 
-    def start(self) -> None:
+    def start(self, only: str | None = None) -> None:
+        """Start the servers of every side (``only``: of that side), at the same time; wait until all are healthy."""
         started = time.monotonic()
         self.starts += 1
         n = f"-{self.starts}" if self.starts > 1 else ""
         for name, side in self.sides.items():
+            if only is not None and name != only:
+                continue
             url_file, log = self.scratch / f"serve-{name}{n}.url", self.scratch / f"serve-{name}{n}.log"
             argv = [side.python, "-m", "pytest_moeperf.cli", "serve", self.profile, "--url-file", str(url_file),
                     "--timeout", f"{self.timeout_s:g}", "--log-dir", str(self.scratch / f"server-logs-{name}{n}")]
@@ -96,7 +107,7 @@ class Servers:
             self.servers[name] = SideServer(name, proc, url_file, log)
             self.echo(f"moeperf ab: starting {name}'s server ({self.profile}), log {log}")
         deadline = started + self.timeout_s + 60.0
-        for server in self.servers.values():
+        for server in [s for name, s in self.servers.items() if only is None or name == only]:
             while not server.url:
                 server.url = server.url_file.read_text().strip() if server.url_file.is_file() else ""
                 if server.url:
@@ -112,19 +123,25 @@ class Servers:
             self.echo(f"moeperf ab: {server.side}'s server at {server.url} ({time.monotonic() - started:.0f} s)")
 
     def args(self, side: str) -> list[str]:
-        """The pytest arguments of ``side``'s children: its server's URL, and both servers' processes."""
+        """The pytest arguments of ``side``'s children: its server's URL, and the running servers' processes."""
         pids = [a for s in self.servers.values() for a in ("--moeperf-server-pid", str(s.proc.pid))]
         return ["--moeperf-server-url", self.servers[side].url, *pids]
 
     def side_args(self) -> dict[str, list[str]]:
-        return {name: self.args(name) for name in self.sides}
+        return {name: self.args(name) for name in self.sides if name in self.servers}
 
-    def restarted(self) -> dict[str, list[str]]:
-        """Both servers stopped and started afresh (``--serve-fresh``, before every pair after the first); the sides'
-        arguments."""
-        self.stop()
-        self.servers = {}
-        self.start()
+    def before(self, side: str, opens_pair: bool, first_pair: bool) -> dict[str, list[str]]:
+        """Before ``side``'s process (``opens_pair``: the first of its pair): fresh and together, both servers
+        started afresh before every pair after the first (the first uses the first start); fresh and apart, a fresh
+        server of ``side`` alone; reused, nothing. The sides' arguments."""
+        if self.fresh and not self.together:
+            self.stop()
+            self.servers = {}
+            self.start(only=side)
+        elif self.fresh and opens_pair and not first_pair:
+            self.stop()
+            self.servers = {}
+            self.start()
         return self.side_args()
 
     def stop(self) -> None:
@@ -134,3 +151,22 @@ class Servers:
                 proc.send_signal(signal.SIGINT)
         wait_all(procs, STOP_GRACE_S)
         terminate_sessions(procs)
+
+
+def fit_twice(profile: str, cwd: Path) -> bool | None:
+    """Whether two servers of ``profile`` (as ``moeperf serve`` finds it from ``cwd``) fit on this box at once
+    (None: the profile is not found here; its server decides)."""
+    from pytest_moeperf.machine.probe import probe_nvml
+    from pytest_moeperf.serving.lifecycle.pool import place
+    from pytest_moeperf.serving.models.profiles import DEFAULT_DIR, ProfileError, load_profile_dirs
+
+    try:
+        found = load_profile_dirs([cwd / DEFAULT_DIR]).get(profile) if (cwd / DEFAULT_DIR).is_dir() else None
+    except (OSError, ProfileError):
+        return None
+    if found is None:
+        return None
+    nvml = probe_nvml() if found.device == "cuda" else None
+    gpus = len(nvml[0]) if nvml is not None else 0
+    first = place(found, [], gpus)
+    return first is not None and place(found, [first], gpus) is not None

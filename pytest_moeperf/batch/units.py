@@ -80,8 +80,9 @@ def pytest_argv(run: PytestRun, ctx: Context, report: Path, deadline_s: float | 
 
 
 def _pytest(batch: Batch, ctx: Context, run: PytestRun, share: float | None, result: StepResult) -> None:
-    deadline = None if share is None else share / run.rounds - run.grace_s
-    if deadline is not None and deadline < MIN_ROUND_S:
+    # the session's deadline: it counts from the session's start across its rounds and starts
+    deadline = None if share is None else share - run.grace_s
+    if deadline is not None and deadline / run.rounds < MIN_ROUND_S:
         result.status = "skipped"
         result.detail = (f"{share:.0f} s of the deadline left for it: a round needs {MIN_ROUND_S:.0f} s plus "
                          f"{run.grace_s:.0f} s of grace")

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference, Threshold
 from pytest_moeperf.judging.verdict import Cause, Status, Verdict, inconclusive
-from pytest_moeperf.ledger import Measurement, Record
+from pytest_moeperf.ledger import ROUND_UNIT, Measurement, Record
 from pytest_moeperf.store.baselines import BaselineStore
 from pytest_moeperf.store.entries import BaselineEntry
 
@@ -80,14 +80,17 @@ class Judge:
         """The verdict of ``record``: on its usable rounds; INCONCLUSIVE with the reasons when none is usable."""
         usable = record.measurements(usable_only=True)
         verdict = self.values(record.metric, usable or record.measurements(), record.threshold)
+        unit = record.metric.context.get(ROUND_UNIT)
+        counted = counts(len(usable), len(record.rounds), str(unit)) if unit else ""
         if not usable:
             problems = record.problems
             cause = Cause.HEALTH if all(p.startswith("health: ") for p in problems) else Cause.WINDOW
-            verdict = inconclusive(verdict, "; ".join(problems), cause)
-        elif len(usable) < len(record.rounds):
+            verdict = inconclusive(verdict, "; ".join([counted] * bool(counted) + list(problems)), cause)
+        elif len(usable) < len(record.rounds) or counted:
             dropped = [f"{r.origin}: {'; '.join(r.problems)}" for r in record.rounds if not r.usable]
-            verdict = dataclasses.replace(verdict, reason="; ".join(
-                [verdict.reason] * bool(verdict.reason) + [f"rounds not judged: {' | '.join(dropped)}"]))
+            why = ": " + " | ".join(dropped) if dropped else ""
+            told = f"{counted}{why}" if counted else f"rounds not judged{why}"
+            verdict = dataclasses.replace(verdict, reason="; ".join([verdict.reason] * bool(verdict.reason) + [told]))
         if self.strict and verdict.reference is not None:
             other = self.store.foreign_hash(record.metric.suite, self.fingerprint_hash)
             if other is not None:
@@ -96,15 +99,25 @@ class Judge:
         return verdict
 
 
+def counts(judged: int, rounds: int, unit: str) -> str:
+    """How many rounds of a metric whose round is a ``unit`` (a server start) were judged and set aside."""
+    def many(n: int) -> str:
+        return f"{n} {unit}{'' if n == 1 else 's'}"
+
+    return f"{many(judged)} judged, {rounds - judged} set aside"
+
+
 def settled(verdict: Verdict) -> bool:
     """Whether another round cannot change ``verdict`` (PASS, NEW, IMPROVED, a confirmed regression, or an
     INCONCLUSIVE that more rounds cannot decide)."""
     return not verdict.more_rounds_help
 
 
-def budget_ended(verdict: Verdict, budget: int, how: str) -> Verdict:
-    """``verdict`` after its confirmation budget ran out while more rounds could still have decided it."""
+def budget_ended(verdict: Verdict, budget: int, how: str, ended_by: str | None = None) -> Verdict:
+    """``verdict`` after its confirmation budget (or what ``ended_by`` names) ran out while more rounds could still
+    have decided it."""
     if verdict.status is not Status.INCONCLUSIVE or not verdict.more_rounds_help:
         return verdict
-    return dataclasses.replace(verdict, cause=Cause.BUDGET, reason=f"{verdict.reason} — the confirmation budget "
-                               f"({budget} more round(s)) ended it, not the evidence: raise {how}")
+    by = ended_by or f"the confirmation budget ({budget} more round(s))"
+    return dataclasses.replace(verdict, cause=Cause.BUDGET, reason=f"{verdict.reason} — {by} ended it, not the "
+                               f"evidence: raise {how}")

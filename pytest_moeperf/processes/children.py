@@ -21,6 +21,11 @@ from pytest_moeperf.reports.document import ledger_of
 #: deselected), e.g. the extra rounds of the tests whose metrics are still unsettled
 ONLY_ENV = "MOEPERF_ONLY"
 
+#: the environment variable naming a directory a parent's children keep their servers' caches in when they have no
+#: pytest cache (``-p no:cacheprovider``, as ``moeperf batch`` runs them): the generated models and vLLM's compile
+#: caches, so that a session's later starts (``--moeperf-starts``, ``--moeperf-rounds``) reuse what its first made
+CACHE_ENV = "MOEPERF_SERVE_CACHE"
+
 #: Child output lines worth showing while it runs: pytest's per-file progress ("… [ 42%]") and the serving
 #: windows' progress ("moeperf: [profile] 24/48 requests done …").
 _PROGRESS = re.compile(r"\[\s*\d+%\]\s*$|moeperf: \[")

@@ -4,13 +4,16 @@ Between-process variance dominates what a benchmark sees (as pyperf found), so N
 noise model learns from. The parent (this module) runs the same command line N times — same arguments, working
 directory, ini file and rootdir — with ``--moeperf-rounds 1``, a private ``--moeperf-report`` and the round in
 ``MOEPERF_ROUND`` (a child confirms nothing, writes no baseline and no Markdown), and appends each child's ledger
-to its own: every metric gets one round per child. Then it judges every metric on all its rounds; a metric that
-more rounds can still decide gets them — further children that run only the tests of such metrics, up to
-``--moeperf-confirm`` of them — and the session ends as any other (`conclude`): reports, and under
-``--moeperf-update`` one run per storable round, in one transaction, only when every round finished. Ctrl-C or
-SIGTERM interrupts the running child (which tears its fixtures down), removes the temporary directories and ends
-the session with nothing written: exit 2 (interrupted) or 143 (terminated); a child whose parent was killed is
-interrupted by the parent-death signal (`termination`).
+to its own: every metric gets one round per child. Tests whose round is a start (`starts`: a serving window on a
+server the child launched) get ``max(N, S)`` rounds under ``--moeperf-starts S``: after the N rounds, rounds of only
+those tests, and no more. Then it judges every metric on all its rounds; a metric of another test that more rounds
+can still decide gets them — further children that run only the tests of such metrics, up to ``--moeperf-confirm``
+of them — and the session ends as any other (`conclude`): reports, and under ``--moeperf-update`` one run per
+storable round, in one transaction, only when every round finished. Under ``--moeperf-deadline`` the deadline counts
+from the parent's start across its children (``MOEPERF_DEADLINE_AT``), as the session it is. Ctrl-C or SIGTERM
+interrupts the running child (which tears its fixtures down), removes the temporary directories and ends the session
+with nothing written: exit 2 (interrupted) or 143 (terminated); a child whose parent was killed is interrupted by the
+parent-death signal (`termination`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,10 +32,10 @@ import pytest
 from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.judging.judge import MetricChanged, budget_ended
 from pytest_moeperf.judging.thresholds import ThresholdError
-from pytest_moeperf.ledger import Ledger
-from pytest_moeperf.processes.children import ONLY_ENV, ChildResult, only_file, run_child
+from pytest_moeperf.ledger import ROUND_UNIT, Ledger
+from pytest_moeperf.processes.children import CACHE_ENV, ONLY_ENV, ChildResult, only_file, run_child
 from pytest_moeperf.processes.termination import EXIT_TERMINATED, Terminated, sigterm_interrupts
-from pytest_moeperf.settings import ROUND_ENV
+from pytest_moeperf.settings import DEADLINE_ENV, ROUND_ENV, Settings, starts_of
 from pytest_moeperf.store.entries import BaselineError
 
 
@@ -42,7 +47,7 @@ def is_parent(config: pytest.Config, rounds: int, round_of: str | None) -> bool:
 
 
 def line(text: str, red: bool = False) -> None:
-    """A line to stdout (this runs before pytest's terminal reporter exists)."""
+    """A line to stdout (this runs before pytest's terminal reporter exists, or between its lines)."""
     print(text, flush=True)
 
 
@@ -54,31 +59,106 @@ def _relabel(ledger: Ledger, origin: str) -> Ledger:
     return ledger
 
 
-def _round(config: pytest.Config, label: str, env: dict[str, str]) -> ChildResult | int:
-    """One child round; its result, or the exit code to end the session with."""
-    line(f"moeperf: round {label} ...")
-    started = time.monotonic()
-    try:
-        done = run_child(config.invocation_params.args, config.invocation_params.dir, env, sys.executable,
-                         echo=line if config.get_verbosity() >= 0 else None)
-    except Terminated:
-        line(f"moeperf: terminated (SIGTERM) in round {label}: nothing written", red=True)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        line(f"moeperf: interrupted in round {label}: nothing written", red=True)
-        return int(pytest.ExitCode.INTERRUPTED)
-    line(f"moeperf: round {label} ({time.monotonic() - started:.0f} s): {done.last_line}")
-    for failure in done.failures:
-        line(f"  {failure}")
-    if done.returncode not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or done.ledger is None:
-        sys.stdout.write(done.stdout + done.stderr)
-        line(f"moeperf: round {label} ended with exit code {done.returncode}"
-             f"{f' and {done.problem}' if done.problem else ''}: nothing written", red=True)
-        return done.returncode or int(pytest.ExitCode.INTERNAL_ERROR)
-    return done
+def deadline_at(settings: Settings, started: float) -> float | None:
+    """The session's ``--moeperf-deadline`` as a Unix time, given the session's start (``time.time()``); a child's
+    children keep the one they were given."""
+    if settings.deadline_at is not None:
+        return settings.deadline_at
+    return None if settings.deadline_s is None else started + settings.deadline_s
 
 
-def _judge_all(state: Conclusion, keys: list[str] | None = None) -> None:
+@dataclass(frozen=True)
+class Child:
+    """One child round: how the progress lines name it, the origin its rounds get, its ``MOEPERF_ROUND``."""
+
+    label: str
+    origin: str
+    round_of: str
+
+
+@dataclass
+class Children:
+    """The parent's side of its child rounds: the command line, the deadline, a scratch folder; what they did."""
+
+    config: pytest.Config
+    state: Conclusion
+    deadline: float | None
+    scratch: Path
+    failed_tests: bool = False
+    ran: int = 0  # child rounds run so far
+
+    def env(self, child: Child, only: Sequence[str]) -> dict[str, str]:
+        env = {**os.environ, ROUND_ENV: child.round_of}
+        if getattr(self.config, "cache", None) is None:  # no pytest cache: the children share one for their servers
+            env.setdefault(CACHE_ENV, str(self.scratch / "serve-cache"))
+        if only:
+            env[ONLY_ENV] = str(only_file(self.scratch, only))
+        if self.deadline is not None:
+            env[DEADLINE_ENV] = f"{self.deadline:.3f}"
+        return env
+
+    def run(self, child: Child, only: Sequence[str] = ()) -> int | None:
+        """One child round of ``only`` (empty: every test), merged into the ledger; an exit code to end with when
+        the child could not measure (crashed, interrupted), else None."""
+        line(f"moeperf: round {child.label} ...")
+        started = time.monotonic()
+        config = self.config
+        try:
+            done = run_child(config.invocation_params.args, config.invocation_params.dir, self.env(child, only),
+                             sys.executable, echo=line if config.get_verbosity() >= 0 else None)
+        except Terminated:
+            line(f"moeperf: terminated (SIGTERM) in round {child.label}: nothing written", red=True)
+            return EXIT_TERMINATED
+        except KeyboardInterrupt:
+            line(f"moeperf: interrupted in round {child.label}: nothing written", red=True)
+            return int(pytest.ExitCode.INTERRUPTED)
+        line(f"moeperf: round {child.label} ({time.monotonic() - started:.0f} s): {done.last_line}")
+        for failure in done.failures:
+            line(f"  {failure}")
+        if not _measured(done):
+            sys.stdout.write(done.stdout + done.stderr)
+            line(f"moeperf: round {child.label} ended with exit code {done.returncode}"
+                 f"{f' and {done.problem}' if done.problem else ''}: nothing written", red=True)
+            return done.returncode or int(pytest.ExitCode.INTERNAL_ERROR)
+        assert done.ledger is not None
+        self.ran += 1
+        self.failed_tests |= done.returncode == pytest.ExitCode.TESTS_FAILED
+        extra = _relabel(done.ledger, child.origin)
+        # a test's records join the records of its earlier rounds (a confirmation round brings only its tests)
+        self.state.ledger.merge(extra if not only else Ledger(records=extra.records, tests=extra.tests,
+                                                               warnings=extra.warnings))
+        return None
+
+    def confirm(self, skip: Collection[str] = ()) -> int | None:
+        """Extra rounds of the tests (but those in ``skip``) that more rounds can still decide, up to
+        ``--moeperf-confirm``; then the verdicts that the budget ended say so."""
+        budget, done = self.state.settings.confirm, self.ran
+        for j in range(1, budget + 1):
+            tests = [] if self.state.settings.update else [
+                t for t in unsettled_tests(self.state.ledger) if t not in skip]
+            if not tests:
+                break
+            line(f"moeperf: {len(tests)} test(s) not settled after {done + j - 1} rounds: one more round of them")
+            child = Child(f"{done + j} (confirmation {j} of at most {budget})", f"round {done + j} (confirmation {j})",
+                          f"{done + j}/{done + budget}")
+            before = set(self.state.ledger.records)
+            code = self.run(child, tests)
+            if code is not None:
+                return code
+            judge_all(self.state, [k for k, r in self.state.ledger.records.items()
+                                   if r.metric.test_id in tests or k not in before])
+        if not self.state.settings.update:
+            for key, record in self.state.ledger.records.items():
+                if record.verdict is not None and record.metric.test_id not in skip:
+                    self.state.ledger.decide(key, budget_ended(record.verdict, budget, "--moeperf-confirm"))
+        return None
+
+
+def _measured(done: ChildResult) -> bool:
+    return done.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and done.ledger is not None
+
+
+def judge_all(state: Conclusion, keys: list[str] | None = None) -> None:
     for key in keys if keys is not None else list(state.ledger.records):
         record = state.ledger.records[key]
         try:
@@ -93,9 +173,26 @@ def unsettled_tests(ledger: Ledger) -> list[str]:
                    if r.verdict is not None and r.verdict.more_rounds_help})
 
 
+def starts_ended(state: Conclusion, tests: Collection[str], starts: int) -> None:
+    """The verdicts of the tests that measure a start, once their starts are done: no confirmation start follows
+    (a start costs a server's start, and a batch's time is planned in starts), so one that more starts could decide
+    says to raise ``--moeperf-starts``."""
+    if state.settings.update:
+        return
+    for key, record in state.ledger.records.items():
+        if record.verdict is not None and record.metric.test_id in tests:
+            state.ledger.decide(key, budget_ended(record.verdict, 0, "--moeperf-starts",
+                                                  f"its {starts} start(s) (--moeperf-starts)"))
+
+
+def unit_tests(ledger: Ledger) -> list[str]:
+    """Tests whose rounds are starts (their records name a round unit): those ``--moeperf-starts`` measures."""
+    return sorted({r.metric.test_id for r in ledger.records.values() if r.metric.context.get(ROUND_UNIT)})
+
+
 def run(config: pytest.Config, state: Conclusion) -> int:
-    """Run the rounds (and the extra rounds of unsettled tests), judge, end the session; the exit code. SIGTERM
-    interrupts it as Ctrl-C does (the child is interrupted and stopped, nothing written), exit 143."""
+    """Run the rounds, the extra starts and the extra rounds of unsettled tests, judge, end the session; the exit
+    code. SIGTERM interrupts it as Ctrl-C does (the child is interrupted and stopped, nothing written), exit 143."""
     with sigterm_interrupts():
         try:
             return _run(config, state)
@@ -105,38 +202,32 @@ def run(config: pytest.Config, state: Conclusion) -> int:
 
 
 def _run(config: pytest.Config, state: Conclusion) -> int:
-    n, budget = state.settings.rounds, state.settings.confirm
-    failed_tests = False
-    for i in range(1, n + 1):
-        done = _round(config, f"{i}/{n}", {**os.environ, ROUND_ENV: f"{i}/{n}"})
-        if isinstance(done, int):
-            return done
-        failed_tests |= done.returncode == pytest.ExitCode.TESTS_FAILED
-        assert done.ledger is not None
-        state.ledger.merge(_relabel(done.ledger, f"round {i}/{n}"))
-    _judge_all(state)
-    with tempfile.TemporaryDirectory(prefix="moeperf-confirm-") as tmp:
-        for j in range(1, budget + 1):
-            tests = [] if state.settings.update else unsettled_tests(state.ledger)
-            if not tests:
-                break
-            line(f"moeperf: {len(tests)} test(s) not settled after {n + j - 1} rounds: one more round of them")
-            env = {**os.environ, ROUND_ENV: f"{n + j}/{n + budget}", ONLY_ENV: str(only_file(Path(tmp), tests))}
-            done = _round(config, f"{n + j} (confirmation {j} of at most {budget})", env)
-            if isinstance(done, int):
-                return done
-            assert done.ledger is not None
-            extra = _relabel(done.ledger, f"round {n + j} (confirmation {j})")
-            state.ledger.merge(Ledger(records=extra.records))
-            _judge_all(state, [k for k in extra.records if k in state.ledger.records])
-    if not state.settings.update:
-        for key, record in state.ledger.records.items():
-            if record.verdict is not None:
-                state.ledger.decide(key, budget_ended(record.verdict, budget, "--moeperf-confirm"))
+    n = state.settings.rounds
+    starts = starts_of(state.settings, 0 if state.topology.simulated else state.topology.gpu_count)
+    with tempfile.TemporaryDirectory(prefix="moeperf-rounds-") as tmp:
+        children = Children(config, state, deadline_at(state.settings, time.time()), Path(tmp))
+        for i in range(1, n + 1):
+            code = children.run(Child(f"{i}/{n}", f"round {i}/{n}", f"{i}/{n}"))
+            if code is not None:
+                return code
+        measured = unit_tests(state.ledger)
+        if starts > n and measured:
+            line(f"moeperf: {len(measured)} test(s) measure a start (--moeperf-starts {starts}): "
+                 f"{starts - n} more round(s) of them")
+            for j in range(n + 1, starts + 1):
+                code = children.run(Child(f"{j}/{starts} (start {j} of the tests that measure one)",
+                                          f"start {j}/{starts}", f"{j}/{starts}"), measured)
+                if code is not None:
+                    return code
+        judge_all(state)
+        starts_ended(state, measured, max(n, starts))
+        code = children.confirm(skip=measured)
+        if code is not None:
+            return code
     fails = state.finish(stopped=False)
-    title = f" moeperf ({n} rounds) "
-    line(title.center(80, "="))
+    line(f" moeperf ({n} rounds) ".center(80, "="))
     for text, red in state.summary_lines():
         line(text, red=red)
     regressed = any(v.status.value == "REGRESSED" for v in state.ledger.verdicts)
-    return int(pytest.ExitCode.TESTS_FAILED if (fails or regressed or failed_tests) else pytest.ExitCode.OK)
+    return int(pytest.ExitCode.TESTS_FAILED if (fails or regressed or children.failed_tests)
+               else pytest.ExitCode.OK)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pytest_moeperf.judging.verdict import Status, Verdict
-from pytest_moeperf.ledger import Section
+from pytest_moeperf.ledger import ROUND_UNIT, Record, Section
 
 
 def _fmt(value: float | None) -> str:
@@ -75,4 +75,41 @@ def terminal_lines(verdicts: Sequence[Verdict], sections: Sequence[Section], hea
         lines += ["", section.title] + table_lines(section.columns, section.rows)
         if section.note:
             lines.append(section.note)
+    return lines
+
+
+def _aside(problems: Sequence[str]) -> str:
+    """A set-aside window's reason, in one word."""
+    text = " ".join(problems)
+    if text.startswith("health: "):
+        return "health"
+    for word, kind in (("start-up window", "start-up health"), ("drifted", "drift"), ("compile", "compiles"),
+                       ("coalesced", "client timing"), ("held up", "client timing")):
+        if word in text:
+            return kind
+    return "other"
+
+
+def unit_lines(records: Iterable[Record]) -> list[str]:
+    """Per round unit (``round_unit``: e.g. "server start"): how many the session measured its windows on, how many
+    windows (a test's round) it measured, and how many of them had metrics set aside, by reason."""
+    units: dict[str, tuple[int, set[tuple[str, str]], dict[tuple[str, str], str]]] = {}
+    for record in records:
+        unit = record.metric.context.get(ROUND_UNIT)
+        if not unit:
+            continue
+        most, windows, aside = units.setdefault(str(unit), (0, set(), {}))
+        units[str(unit)] = (max(most, len(record.rounds)), windows, aside)
+        for r in record.rounds:
+            windows.add((record.metric.test_id, r.origin))
+            if not r.usable:
+                aside.setdefault((record.metric.test_id, r.origin), _aside(r.problems))
+    lines = []
+    for unit, (most, windows, aside) in units.items():
+        kinds: dict[str, int] = {}
+        for kind in aside.values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+        why = f" ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})" if kinds else ""
+        lines.append(f"moeperf: {len(windows)} windows on up to {most} {unit}{'' if most == 1 else 's'} a test; "
+                     f"{len(aside)} set aside in whole or in part{why}")
     return lines

@@ -36,6 +36,8 @@ from pytest_moeperf.health.gate import HealthGate, usable_cpus
 from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Section
 from pytest_moeperf.machine.topology import Topology
+from pytest_moeperf.processes.children import CACHE_ENV
+from pytest_moeperf.serving.analysis.agreement import AGREE, PAIRS, ratio_of, which_moved
 from pytest_moeperf.serving.analysis.metrics import percentile
 from pytest_moeperf.serving.analysis.specdecode import CandidateRow, comparison_table
 from pytest_moeperf.serving.analysis.tails import LOW, judge_tail
@@ -44,7 +46,13 @@ from pytest_moeperf.serving.lifecycle.pool import Adopt, ServerPool, ServeSkip, 
 from pytest_moeperf.serving.lifecycle.served import Served
 from pytest_moeperf.serving.lifecycle.server import ServerDied, ServerStartError
 from pytest_moeperf.serving.lifecycle.starts import gpu_local_cpus
-from pytest_moeperf.serving.models.profiles import ProfileError, ServeProfile, load_profile_dirs, workload_misfit
+from pytest_moeperf.serving.models.profiles import (
+    ProfileError,
+    ServeProfile,
+    launch_blocker,
+    load_profile_dirs,
+    workload_misfit,
+)
 from pytest_moeperf.settings import Settings
 
 log = logging.getLogger("pytest_moeperf.serving")
@@ -172,9 +180,19 @@ def serve(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Pool]:
     cache = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider
-    model_cache = cache.mkdir("moeperf-models") if cache is not None else tmp_path_factory.mktemp("models")
+    shared = os.environ.get(CACHE_ENV)  # a parent's, for its children's starts (`processes.children.CACHE_ENV`)
+
+    def folder(name: str) -> Path:
+        if cache is not None:
+            return Path(cache.mkdir(name))
+        if shared:
+            (Path(shared) / name).mkdir(parents=True, exist_ok=True)
+            return Path(shared) / name
+        return tmp_path_factory.mktemp(name)
+
+    model_cache = folder("moeperf-models")
     # vLLM's compile caches and bytecode between sessions: beside the models (`lifecycle.caches`)
-    compile_cache = cache.mkdir("moeperf-vllm") if cache is not None else tmp_path_factory.mktemp("vllm-cache")
+    compile_cache = folder("moeperf-vllm")
     pool = ServerPool(
         serve_profiles,
         timeout_s=moeperf_settings.server_timeout_s,
@@ -235,9 +253,50 @@ def served(request: pytest.FixtureRequest, serve: Pool) -> Served:
     return serve(name)
 
 
-def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement]) -> list[Section]:
-    """The draft-candidate table: acceptance length, TPOT, throughput and speedup per profile and concurrency,
-    built from what the spec-decode tests recorded (their context carries ``spec_method``)."""
+def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement],
+                                   verdicts: dict[str, Verdict] | None = None) -> list[Section]:
+    """The draft-candidate table (acceptance length, TPOT, throughput and speedup per profile and concurrency,
+    built from what the spec-decode tests recorded: their context carries ``spec_method``), and the client/server
+    table of every window (`client_server_section`)."""
+    return [*candidate_section(measurements), *client_server_section(measurements, verdicts or {})]
+
+
+def client_server_section(measurements: list[Measurement], verdicts: dict[str, Verdict]) -> list[Section]:
+    """Per window: client mean / server mean of TPOT and TTFT over its plateau (the median over its rounds), and,
+    where one left ±3 %, which side moved against its own baseline (`agreement.which_moved`)."""
+    windows: dict[str, dict[str, Measurement]] = {}
+    for m in measurements:
+        if m.name in {name for pair in PAIRS.values() for name in pair}:
+            windows.setdefault(m.test_id, {})[m.name] = m
+    rows = []
+    for test_id, found in windows.items():
+        def value(name: str, found: dict[str, Measurement] = found, test_id: str = test_id) -> float | None:
+            v = verdicts.get(f"{test_id}::{name}")
+            if v is not None and v.estimate is not None:
+                return v.estimate
+            return percentile(found[name].samples, 50.0) if name in found else None
+
+        cells: list[str] = []
+        moved: list[str] = []
+        for metric in PAIRS:
+            ratio = ratio_of({name: value(name) for name in PAIRS[metric]}, metric)
+            cells.append("-" if ratio is None else f"{ratio:.3f}")
+            if ratio is not None and abs(ratio - 1.0) > AGREE:
+                changes = [getattr(verdicts.get(f"{test_id}::{name}"), "change", None) for name in PAIRS[metric]]
+                moved.append(f"{metric.upper()}: {which_moved(ratio, *changes)}")
+        if any(c != "-" for c in cells):
+            rows.append((test_id, *cells, "; ".join(moved) or "agree"))
+    if not rows:
+        return []
+    note = (f"client mean / server mean over each window's plateau (medians over its rounds); outside ±{AGREE * 100:g} "
+            "%: the side that moved more against its own baseline. TTFT: the client's adds the request's parsing and "
+            "the first chunk's delivery")
+    return [Section("Client and server", ("window", "TPOT client/server", "TTFT client/server", "outside ±3 %"),
+                    tuple(rows), note)]
+
+
+def candidate_section(measurements: list[Measurement]) -> list[Section]:
+    """The draft-candidate table of the spec-decode tests."""
     groups: dict[tuple[str, int], dict[str, Measurement]] = {}
     methods: dict[tuple[str, int], str] = {}
     for m in measurements:
@@ -261,7 +320,7 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
                 profile=key[0],
                 method=methods[key],
                 concurrency=key[1],
-                tpot_ms=median("engine_tpot_ms") or median("tpot_ms") or 0.0,
+                tpot_ms=median("engine_tpot_mean_ms") or median("tpot_ms") or 0.0,
                 output_throughput=median("output_throughput") or 0.0,
                 acceptance_length=median("acceptance_length"),
                 acceptance_rate=median("acceptance_rate"),
@@ -276,6 +335,31 @@ def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Mea
         "speedup: median over rounds, by the method named in each test's context (speedup_method)"
     )
     return [Section("Speculative decoding: draft candidates", columns, tuple(table), note)]
+
+
+#: what a serving or spec-decode test's round stands for on a server this session launches
+SERVER_START = "server start"
+
+
+def pytest_moeperf_round_unit(config: pytest.Config, item: pytest.Item) -> str | None:
+    """A test on a server this session launches (``served``, or a speed-up's ``candidate_name``) measures that
+    server's start: one observation of it a process (`pytest_moeperf.processes.starts`). An attached server is
+    somebody else's, and a profile this host cannot launch skips: their tests are ordinary."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    profiles = config.stash.get(_profiles_key, None)
+    for key in ("served", "candidate_name"):
+        name = params.get(key)
+        profile = profiles.get(name) if isinstance(name, str) and profiles is not None else None
+        if profile is not None and profile.attached_url is None and launch_blocker(
+                profile, gpu_count=_local_gpus(config), vllm_importable=_vllm_importable()) is None:
+            return SERVER_START
+    return None
+
+
+def _vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 @pytest.hookimpl(wrapper=True)

@@ -12,10 +12,12 @@ Throughputs (request, output, total token; goodput) and acceptance figures are h
 rate is checked here directly: it must not exceed ``allowed_failed_rate`` (zero unless a test says otherwise), and
 the error of every failed request is in the message.
 
-`record_window` records a whole measured window: the cost of its warm pass and its drift check (a window that
-drifted makes its `CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.analysis.drift`), the latencies with
-the tail percentiles the window was sized for (`pytest_moeperf.serving.analysis.tails`), and the server's own figures
-as ``engine_*`` metrics (`pytest_moeperf.serving.analysis.arbiter`), which stand whatever the client's clock saw.
+`record_window` records a whole measured window, scored on its plateau (`pytest_moeperf.serving.analysis.plateau`):
+the cost of its warm pass, what was set aside at each end, its drift check (a window that drifted makes its
+`CLIENT_TIMED` metrics INCONCLUSIVE, `pytest_moeperf.serving.analysis.drift`), the client/server ratios
+(`pytest_moeperf.serving.analysis.agreement`), the latencies (medians, and means beside the server's) with the tail
+percentiles the window was sized for (`pytest_moeperf.serving.analysis.tails`), and the server's own means as
+``engine_*_mean_ms`` metrics (`pytest_moeperf.serving.analysis.arbiter`), which stand whatever the client's clock saw.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from pytest_moeperf.judging import stats
 from pytest_moeperf.ledger import STATE, JSONScalar
+from pytest_moeperf.serving.analysis import agreement
 from pytest_moeperf.serving.analysis.arbiter import ENGINE_METRICS, EngineFigures
-from pytest_moeperf.serving.analysis.drift import check_drift, in_flight
+from pytest_moeperf.serving.analysis.drift import check_drift
 from pytest_moeperf.serving.analysis.metrics import ServingMetrics, coalesced, delivery_delayed, latency_samples
 from pytest_moeperf.serving.analysis.specdecode import AcceptanceStats
 from pytest_moeperf.serving.analysis.tails import tail_bound, tail_names
 from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
 from pytest_moeperf.serving.lifecycle.startlog import STAMPED
 from pytest_moeperf.serving.lifecycle.starts import StartInfo
-from pytest_moeperf.serving.load.loadgen import ClosedLoop, WindowResult
+from pytest_moeperf.serving.load.loadgen import WindowResult
 from pytest_moeperf.serving.models.profiles import Tolerances
 
 __all__ = [
@@ -56,8 +60,9 @@ __all__ = [
 #: metric of 3 of 4 windows INCONCLUSIVE on a fast CI box, acceptance 5 % mde among them, before the scope)
 #: the tail percentiles a window may gate (`pytest_moeperf.serving.analysis.tails`)
 TAIL_PCTS = (90.0, 99.0)
-CLIENT_TIMED = ("ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "request_throughput", "output_throughput",
-                "total_token_throughput", "request_goodput", *tail_names(TAIL_PCTS))
+CLIENT_TIMED = ("ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "ttft_mean_ms", "tpot_mean_ms", "e2el_mean_ms",
+                "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
+                *tail_names(TAIL_PCTS))
 #: queueing below this many ms is not worth failing for: a window at low load queues for microseconds, whose
 #: relative change means nothing
 QUEUE_ABS_MS = 1.0
@@ -162,9 +167,11 @@ def record_serving(
     engine_tpot_ms: float | None = None,
     engine_ttft_ms: float | None = None,
     tails: Sequence[float] = (),
+    whole: ServingMetrics | None = None,
 ) -> None:
     """Record the window's latencies (per-request samples, ms; ``tails``: the percentiles gated with their bounds),
-    throughputs and failed rate; then gate failures.
+    throughputs and failed rate; then gate failures. ``window`` is what is scored (a plateau); ``whole`` (default:
+    ``window``'s) counts the failures, none of which is ever set aside.
 
     ``engine_tpot_ms`` and ``engine_ttft_ms`` (the server's own TPOT and TTFT over the window, from ``/metrics``)
     tell a window whose answers reached the client in bursts, or late, from a fast one, whatever the number of
@@ -179,22 +186,24 @@ def record_serving(
     perf.record("total_token_throughput", metrics.total_token_throughput, unit="tok/s", better="higher", tolerance=th)
     if metrics.request_goodput is not None:
         perf.record("request_goodput", metrics.request_goodput, unit="req/s", better="higher", tolerance=th)
+    failures = whole or metrics
     perf.record(
         "failed_rate",
-        metrics.failed_rate,
+        failures.failed_rate,
         unit="ratio",
         better="lower",
         tolerance=0.0,
         abs_tolerance=allowed_failed_rate,
     )
-    check_failures(metrics, allowed_failed_rate)
+    check_failures(failures, allowed_failed_rate)
 
 
 def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, *, e2el: bool,
                      engine_tpot_ms: float | None = None, engine_ttft_ms: float | None = None,
                      tails: Sequence[float] = ()) -> None:
-    """TTFT (and E2EL) per request; client TPOT per request and pooled mean ITL unless the stream coalesced (judged
-    against the engine's TPOT too when the server exports it); the ``tails`` percentiles of TTFT, ITL (unless
+    """TTFT (and E2EL) per request, their medians judged, and their means (``*_mean_ms``: the server's figures are
+    means); client TPOT per request and its mean, and pooled mean ITL, unless the stream coalesced (judged against the
+    engine's TPOT too when the server exports it); the ``tails`` percentiles of TTFT, ITL (unless
     coalesced) and E2EL with their order-statistic bounds. A coalesced window, or one whose first tokens reached
     the client far later than the engine's TTFT, makes the window's client-timed metrics INCONCLUSIVE
     (`Perf.inconclusive`)."""
@@ -210,13 +219,17 @@ def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, 
             perf.inconclusive(reason, only=CLIENT_TIMED)
     if samples["ttft"]:
         perf.record("ttft_ms", samples["ttft"], unit="ms", better="lower", tolerance=tol.ttft)
+        perf.record("ttft_mean_ms", stats.mean(samples["ttft"]), unit="ms", better="lower", tolerance=tol.ttft)
     if lumped is None:
         if samples["tpot"]:
             perf.record("tpot_ms", samples["tpot"], unit="ms", better="lower", tolerance=tol.latency)
+            perf.record("tpot_mean_ms", stats.mean(samples["tpot"]), unit="ms", better="lower",
+                        tolerance=tol.latency)
         if window.metrics.itl_ms.count:
             perf.record("itl_mean_ms", window.metrics.itl_ms.mean, unit="ms", better="lower", tolerance=tol.latency)
     if e2el and samples["e2el"]:
         perf.record("e2el_ms", samples["e2el"], unit="ms", better="lower", tolerance=tol.latency)
+        perf.record("e2el_mean_ms", stats.mean(samples["e2el"]), unit="ms", better="lower", tolerance=tol.latency)
     requests = len(samples["ttft"])
     for metric in ("ttft", "itl", "e2el"):
         if (metric == "itl" and lumped is not None) or (metric == "e2el" and not e2el) or not samples[metric]:
@@ -231,17 +244,19 @@ def record_latencies(perf: PerfRecorder, window: WindowResult, tol: Tolerances, 
 
 
 def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances) -> None:
-    """Context first (it applies to what is recorded after): the warm pass's cost, the drift check's outcome (and,
-    when the window drifted, its `CLIENT_TIMED` metrics INCONCLUSIVE), what the server counted in the window."""
-    shape = result.window.shape
-    outcomes = result.window.outcomes
-    closed = shape.concurrency if isinstance(shape, ClosedLoop) else 0
-    drift = check_drift(outcomes, ramp=closed, block=closed or in_flight(outcomes),
-                        min_effects={"ttft": tol.ttft, "tpot": tol.latency})
+    """Context first (it applies to what is recorded after): the warm pass's cost, the plateau (what was set aside
+    at each end, `pytest_moeperf.serving.analysis.plateau`), the drift check's outcome on the plateau (and, when the
+    window drifted, its `CLIENT_TIMED` metrics INCONCLUSIVE), what the server counted and over which span, and the
+    client/server ratios of TPOT and TTFT (`pytest_moeperf.serving.analysis.agreement`)."""
+    outcomes = result.window.outcomes  # the plateau's
+    block = result.plateau.edge if result.plateau is not None else 1
+    drift = check_drift(outcomes, ramp=0, block=max(1, block), min_effects={"ttft": tol.ttft, "tpot": tol.latency})
     compiles = result.compiles
-    perf.context(**result.warm.context(), **drift.facts(), engine_requests=result.engine.requests,
-                 engine_output_tokens=result.engine.output_tokens,
-                 window_compiles=compiles.count if compiles.checked else None)
+    plateau = result.plateau.facts() if result.plateau is not None else {}
+    perf.context(**result.warm.context(), **plateau, **drift.facts(), engine_requests=result.engine.requests,
+                 engine_output_tokens=result.engine.output_tokens, engine_span=result.engine_span,
+                 window_compiles=compiles.count if compiles.checked else None,
+                 **agreement.facts(agreement.agreements(outcomes, result.engine)))
     reason = drift.reason()
     if reason is not None:
         perf.inconclusive(reason, only=CLIENT_TIMED)
@@ -252,11 +267,12 @@ def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances)
 
 
 def record_engine(perf: PerfRecorder, engine: EngineFigures, tol: Tolerances) -> None:
-    """The server's own means over the window (``engine_*``, `pytest_moeperf.serving.analysis.arbiter`)."""
+    """The server's own means over the window's plateau (``engine_*_mean_ms``,
+    `pytest_moeperf.serving.analysis.arbiter`)."""
     for name, value in engine.metrics().items():
-        tolerance = tol.ttft if name == "engine_ttft_ms" else tol.latency
+        tolerance = tol.ttft if name == "engine_ttft_mean_ms" else tol.latency
         perf.record(name, value, unit="ms", better="lower", tolerance=tolerance,
-                    abs_tolerance=QUEUE_ABS_MS if name == "engine_queue_ms" else None)
+                    abs_tolerance=QUEUE_ABS_MS if name == "engine_queue_mean_ms" else None)
 
 
 def record_window(perf: PerfRecorder, result: SpecWindow, tolerances: Tolerances | None = None, *,
@@ -267,7 +283,8 @@ def record_window(perf: PerfRecorder, result: SpecWindow, tolerances: Tolerances
     record_window_facts(perf, result, tol)
     record_engine(perf, result.engine, tol)
     record_serving(perf, result.window, tol, allowed_failed_rate=allowed_failed_rate,
-                   engine_tpot_ms=result.engine_tpot_ms, engine_ttft_ms=result.engine_ttft_ms, tails=tails)
+                   engine_tpot_ms=result.engine_tpot_ms, engine_ttft_ms=result.engine_ttft_ms, tails=tails,
+                   whole=result.all_requests.metrics)
 
 
 def record_acceptance(perf: PerfRecorder, stats: AcceptanceStats, tolerances: Tolerances | None = None) -> None:

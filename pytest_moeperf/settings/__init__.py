@@ -2,6 +2,8 @@
 with the ``moeperf`` command (`checks`)."""
 
 from pytest_moeperf.settings.options import (
+    DEADLINE_ENV,
+    GPU_STARTS,
     OPTIONS,
     ROUND_ENV,
     Option,
@@ -10,7 +12,8 @@ from pytest_moeperf.settings.options import (
     parse_server_urls,
     quiet_floor_of,
     resolve,
+    starts_of,
 )
 
-__all__ = ["OPTIONS", "ROUND_ENV", "Option", "Settings", "add_options", "parse_server_urls", "quiet_floor_of",
-           "resolve"]
+__all__ = ["DEADLINE_ENV", "GPU_STARTS", "OPTIONS", "ROUND_ENV", "Option", "Settings", "add_options",
+           "parse_server_urls", "quiet_floor_of", "resolve", "starts_of"]

@@ -14,7 +14,7 @@ from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, fraction_hint
 
 __all__ = ["at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
            "parse_bool", "parse_cores", "parse_count", "parse_factor", "parse_floor", "parse_fraction", "parse_name",
-           "parse_noise_runs", "parse_percent", "parse_positive", "parse_seconds", "pvalue"]
+           "parse_noise_runs", "parse_percent", "parse_positive", "parse_seconds", "parse_starts", "pvalue"]
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -183,6 +183,11 @@ def parse_percent(text: str) -> float:
 def parse_cores(text: str) -> float | None:
     """A number of CPU cores >= 0, e.g. ``0.5``; ``auto`` (None): chosen from the CPUs this process may use."""
     return None if text.strip().lower() == "auto" else number_in(0.0)(text)
+
+
+def parse_starts(text: str) -> int | None:
+    """A number of server starts >= 1, or ``auto`` (None): chosen from the machine (`options.starts_of`)."""
+    return None if text.strip().lower() == "auto" else at_least(1)(text)
 
 
 def parse_bool(text: str) -> bool:

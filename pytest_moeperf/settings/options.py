@@ -28,6 +28,7 @@ from pytest_moeperf.settings.checks import (
     parse_percent,
     parse_positive,
     parse_seconds,
+    parse_starts,
 )
 
 
@@ -67,6 +68,14 @@ def _parse_history(text: str) -> str | Path:
     from pytest_moeperf.history.plugin import parse_history_option  # the history wing owns its target syntax
 
     return parse_history_option(text)
+
+
+#: ``--moeperf-starts auto`` on a machine with GPUs. Two server starts of one profile on one 1x H200 differed by up to
+#: 14 % in the server's own TPOT (another host: 3 starts within 5 % in 11 of 12 figures), so a start is the unit and a
+#: verdict needs several; the rank test against m stored runs with k starts can reach p = 1/C(m+k, k): k = 3 reaches
+#: p < 0.05 against 4 or more runs (1/35 against 4, 4 arrangements of 84 against 6: two sittings of 3 starts), and
+#: three starts of the TP=1 serving plan fit one 600 s batch (suites/serving/README.md, "Time")
+GPU_STARTS = 3
 
 
 @dataclass(frozen=True)
@@ -122,9 +131,10 @@ OPTIONS: tuple[Option, ...] = (
            "replays (0: 3 replays). 200 settles the SM clock before timing: on 1x H200 it took the spread of "
            "compute-bound bf16 GEMMs between processes from p90 11 % to 2.8 %, and reads them up to 16 % slower "
            "(the steady clock); baselines recorded without it do not compare", "MS", parse_milliseconds, 0.0),
-    Option("window-requests", "window_requests", "requests in each serving and spec-decode window instead of the "
-           "profile's requests (or the suite's count for its device); a window still grows to what its gated "
-           "percentiles need (p90: 29, p99: 299) and --moeperf-quick halves it; its metrics name the size in their "
+    Option("window-requests", "window_requests", "requests on the plateau of each serving and spec-decode window "
+           "(its ramp and drain, C requests each, come on top) instead of the profile's requests (or the suite's "
+           "count for its device); a plateau still grows to what its gated percentiles need (p90: 29, p99: 299) and, "
+           "on a GPU, to 10 drift blocks of C, and --moeperf-quick halves it; its metrics name the size in their "
            "workload, so baselines of the default size are not compared. For attached servers "
            "(--moeperf-server-url, moeperf ab --serve), which have no profile of their own", "N", parse_positive,
            None),
@@ -140,6 +150,13 @@ OPTIONS: tuple[Option, ...] = (
            "stored run medians)", "K", parse_factor, 3.0),
     Option("rounds", "rounds", "measure N independent rounds, each a separate pytest process, and judge (or "
            "--moeperf-update) with all of them", "N", parse_positive, 1),
+    Option("starts", "starts", "server starts the tests that measure a start run on (the serving and spec-decode "
+           "tests on servers this session launches): S child sessions, each starting its own servers, each window one "
+           "observation of its start (a re-run on the same server is not an independent round, so those tests are "
+           "never confirmed in-process); with --moeperf-rounds N they get max(N, S) rounds; auto: "
+           f"{GPU_STARTS} on a machine with GPUs, 1 without (one start against 3 or more stored runs can PASS but "
+           "never reach the rank test's p < 0.05: such a verdict beyond its mde is INCONCLUSIVE)", "S|auto",
+           parse_starts, None),
     Option("confirm", "confirm", "the confirmation budget: re-run a test whose metric crosses its threshold up to R "
            "times, while more rounds can still decide it (against 3 stored runs a rank test needs 4 rounds), then "
            "judge it on all its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R",
@@ -180,6 +197,9 @@ OPTIONS: tuple[Option, ...] = (
 #: Set by a ``--moeperf-rounds`` parent in each child's environment: the round ("i/N"); the child writes no
 #: baselines and no Markdown (the parent does, once, from all rounds).
 ROUND_ENV = "MOEPERF_ROUND"
+#: Set by a parent in each child's environment under ``--moeperf-deadline``: the session's deadline as a Unix time,
+#: so that the deadline counts from the session's start across its rounds and starts, not from each child's.
+DEADLINE_ENV = "MOEPERF_DEADLINE_AT"
 
 
 @dataclass(frozen=True)
@@ -217,6 +237,8 @@ class Settings:
     server_pids: tuple[int, ...] = ()
     gpu_warmup_ms: float = 0.0
     window_requests: int | None = None  # None: the profile's, else the suite's per-device count
+    starts: int | None = None  # None: auto (`starts_of`)
+    deadline_at: float | None = None  # a child's: the session's deadline as a Unix time (`DEADLINE_ENV`)
     lock_timeout_s: float = 600.0
 
 
@@ -240,6 +262,14 @@ def quiet_floor_of(settings: Settings) -> float | None:
     of_n = re.fullmatch(r"\d+/(\d+)", settings.round_of or "")
     processes = int(of_n[1]) if of_n else settings.rounds
     return QUIET_FLOOR_PROCESSES if processes >= QUIET_PROCESSES else QUIET_FLOOR
+
+
+
+def starts_of(settings: Settings, gpus: int) -> int:
+    """The starts a session measures its per-start tests on: the option, else `GPU_STARTS` with GPUs, 1 without."""
+    if settings.starts is not None:
+        return settings.starts
+    return GPU_STARTS if gpus > 0 else 1
 
 
 def _escaped(text: str) -> str:
@@ -295,6 +325,12 @@ def resolve(config: pytest.Config) -> Settings:
         if option.repeat:
             value = tuple(base / v if isinstance(v, Path) and not v.is_absolute() else v for v in value)
         values[option.field] = value
+    deadline_at = os.environ.get(DEADLINE_ENV) or None
+    if deadline_at is not None:
+        try:
+            values["deadline_at"] = float(deadline_at)
+        except ValueError:
+            raise pytest.UsageError(f"{DEADLINE_ENV}={deadline_at!r}: expected a Unix time") from None
     round_of = os.environ.get(ROUND_ENV) or None
     if round_of is not None:  # a --moeperf-rounds child: the parent stores and writes Markdown
         values.update(update=False, markdown=None, rounds=1, confirm=0, round_of=round_of)

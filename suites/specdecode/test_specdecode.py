@@ -3,12 +3,13 @@
 The profiles are data (``--moeperf-profiles``; or attached servers): ``pytest_generate_tests`` below runs every
 speculating profile and the references they name (every attached server, in attach mode) through the plan of its
 device. Every profile decodes the same bundled prompt set with natural repetition (``ignore_eos``, fixed output
-length) at each concurrency. A candidate's acceptance comes from vLLM's spec-decode counters over exactly its
-measured window. Its speedup is the reference's TPOT over its own (the engine's TPOT,
-``vllm:request_time_per_output_token_seconds``, engine-core timestamps: the client's TPOT collapses when a lagging
-API server sends a whole answer in one SSE chunk, which a busy CPU box does), measured by alternating windows when
-both servers fit on the box at once, else by A-B-A restarts (:mod:`pytest_moeperf.serving.speedup`); the method is
-in the context (``speedup_method``). Thresholds (minimum acceptance length and speedup) live in the candidate's
+length) at each concurrency, scored on the window's plateau. A candidate's acceptance comes from vLLM's
+spec-decode counters over exactly its measured window. Its speedup is the reference's TPOT over its own (the engine's
+mean TPOT over the plateau, ``vllm:request_time_per_output_token_seconds``, engine-core timestamps: the client's TPOT
+collapses when a lagging API server sends a whole answer in one SSE chunk, which a busy CPU box does), from the two
+servers' decode windows of the same start, same prompts and concurrency: the speed-up reuses the reference's start
+and its window instead of starting it again (``speedup_method``: "decode windows of one start"; a start is one
+observation, ``--moeperf-starts``). Thresholds (minimum acceptance length and speedup) live in the candidate's
 profile; the comparison table of candidates is in the reports.
 """
 
@@ -19,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_moeperf.runtime import skip_past_deadline
 from pytest_moeperf.serving.analysis.metrics import coalesced, latency_samples, percentile
 from pytest_moeperf.serving.analysis.tails import window_count
 from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
 from pytest_moeperf.serving.load.loadgen import ClosedLoop
+from pytest_moeperf.serving.load.timing import Planned
 from pytest_moeperf.serving.load.warm import warm_count
 from pytest_moeperf.serving.models.profiles import ServeProfile
 from pytest_moeperf.serving.plugin import Pool, profile_params, profiles_for
@@ -37,7 +38,6 @@ from pytest_moeperf.serving.recording import (
     record_window_facts,
     sized_workload,
 )
-from pytest_moeperf.serving.speedup import PairResult, measure_pair
 from pytest_moeperf.settings import Settings
 
 # A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from
@@ -53,18 +53,19 @@ PROMPT_TOKENS = 320  # bound: the longest bundled prompt has 251 characters (>= 
 
 @dataclass(frozen=True)
 class Workload:
-    requests: int  # per decode window, at least (the profile's ``requests`` overrides it)
+    requests: int  # a decode window's plateau, at least (the profile's ``requests`` overrides it)
     output_len: int
     warmup: int  # the warm pass's floor (`warm.warm_count`)
     concurrencies: tuple[int, ...]
+    tails: tuple[float, ...] = ()  # the percentiles of TTFT and ITL gated (p90: a plateau of 29 bounds it at 95 %)
+    drift_blocks: int = 0  # the plateau holds at least this many blocks of C requests (the drift check needs 10)
 
 
-WORKLOADS = {"cpu": Workload(29, 96, 2, (1, 4)), "cuda": Workload(200, 256, 8, (1, 8, 32))}
-#: the decode windows gate the p90 of TTFT and ITL (29 requests bound it at 95 %)
-TAILS = (90.0,)
-#: a speedup window's requests, at least (and two per client): its figure is the engine's mean TPOT over every token
-#: of the window (4 x 255 steps at c=1 on the GPU), and the rounds, not the requests, are the speedup's samples
-SPEEDUP_REQUESTS = 4
+# CPU: the p90s gated (29 requests); GPU: the acceptance, TPOT and speed-up of every candidate in three starts of a
+# 600 s batch: 128 output tokens, plateaus of 10 blocks of C (the drift check), no tails (the serving suite's job),
+# at c=1 (where speculation pays most) and c=16 (a batch large enough for its extra work to cost)
+WORKLOADS = {"cpu": Workload(29, 96, 2, (1, 4), tails=(90.0,)),
+             "cuda": Workload(10, 128, 2, (1, 16), drift_blocks=10)}
 
 
 def decoded(config: pytest.Config) -> list[ServeProfile]:
@@ -96,11 +97,32 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
+def window_size(profile: ServeProfile, concurrency: int, window_requests: int | None = None, quick: bool = False
+                ) -> int:
+    """A decode window's requests: a plateau sized to bound its p90s and hold its drift blocks, and C requests set
+    aside at each end (``--moeperf-quick``: half the plateau, nothing raised)."""
+    wl = WORKLOADS[profile.device]
+    return window_count(window_requests or profile.requests or wl.requests, wl.tails, quick, edge=concurrency,
+                        blocks=wl.drift_blocks)
+
+
+def planned_windows(profile: ServeProfile, window_requests: int | None = None, quick: bool = False) -> list[Planned]:
+    """Every window this suite runs on ``profile`` in one start (the speed-up adds none), for the time model."""
+    wl = WORKLOADS[profile.device]
+    planned = []
+    for c in wl.concurrencies:
+        count = window_size(profile, c, window_requests, quick)
+        planned.append(Planned(f"test_decode[c{c}]", ClosedLoop(c), count, warm_count(ClosedLoop(c), count,
+                                                                                      wl.warmup),
+                               wl.output_len, profile.method))
+    return planned
+
+
 def decode_window(served: Served, concurrency: int, settings: Settings) -> SpecWindow:
-    """A window sized to bound its p90s (``--moeperf-quick``: half the count, tails not gated), after a warm pass
-    of its shape (`warm.warm_count`)."""
+    """A window of the suite's prompts (the same for every profile: a speed-up compares two servers on them), after
+    a warm pass of its shape (`warm.warm_count`)."""
     wl = WORKLOADS[served.profile.device]
-    count = window_count(settings.window_requests or served.profile.requests or wl.requests, TAILS, settings.quick)
+    count = window_size(served.profile, concurrency, settings.window_requests, settings.quick)
     shape = ClosedLoop(concurrency)
     warm = warm_count(shape, count, wl.warmup)
     requests = served.prompt_set(PROMPTS, count + warm, wl.output_len, seed=0)
@@ -120,6 +142,7 @@ def tpot_ms(window: SpecWindow) -> float:
 
 def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int, window_requests: int | None = None) -> None:
     spec = profile.speculative or {}
+    output_len = WORKLOADS[profile.device].output_len
     perf.context(
         profile=profile.name,
         model=profile.model,
@@ -127,7 +150,7 @@ def describe(perf: PerfRecorder, profile: ServeProfile, concurrency: int, window
         draft=str(spec.get("model", "")) or None,
         num_speculative_tokens=int(spec["num_speculative_tokens"]) if "num_speculative_tokens" in spec else None,
         concurrency=concurrency,
-        workload=sized_workload(PROMPTS.name, window_requests),
+        workload=sized_workload(f"{PROMPTS.name}, {output_len} out; plateau", window_requests),
     )
 
 
@@ -137,23 +160,31 @@ def test_startup(served: Served, perf: PerfRecorder) -> None:
     record_startup(perf, served)
 
 
+@pytest.fixture(scope="session")
+def decode_windows() -> dict[tuple[str, int], SpecWindow]:
+    """The decode windows of this session (one start), by profile and concurrency: the speed-ups read them."""
+    return {}
+
+
 def test_decode(
     served: Served,
     concurrency: int,
     perf: PerfRecorder,
     moeperf_settings: Settings,
+    decode_windows: dict[tuple[str, int], SpecWindow],
 ) -> None:
     """TPOT, ITL, TTFT and output throughput of the profile; acceptance figures when it speculates."""
     result = decode_window(served, concurrency, moeperf_settings)
+    decode_windows[(served.profile.name, concurrency)] = result
     describe(perf, served.profile, concurrency, moeperf_settings.window_requests)
     perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     tol = served.profile.tolerances
-    check_failures(result.window.metrics)
+    check_failures(result.all_requests.metrics)
     record_window_facts(perf, result, tol)  # the warm pass's cost and the drift check, before anything is recorded
     # seen in a clean-clone CI run: client TTFT 51 -> 439 ms while client TPOT 4.5 ms ~ the engine's 4.9 ms; the
     # engine's TTFT tells such a window (first tokens late on their way to the client) and guards TTFT in it
     record_latencies(perf, result.window, tol, e2el=False, engine_tpot_ms=result.engine_tpot_ms,
-                     engine_ttft_ms=result.engine_ttft_ms, tails=TAILS)  # fmt: skip
+                     engine_ttft_ms=result.engine_ttft_ms, tails=WORKLOADS[served.profile.device].tails)  # fmt: skip
     record_engine(perf, result.engine, tol)
     perf.record(
         "output_throughput", result.window.metrics.output_throughput, unit="tok/s", better="higher",
@@ -175,61 +206,40 @@ def test_decode(
         )
 
 
-@pytest.fixture(scope="session")
-def speedup_pairs() -> dict[tuple[str, str], PairResult]:
-    """One measurement per (reference, candidate) pair, shared by that pair's tests (one per concurrency)."""
-    return {}
-
-
-@pytest.mark.moeperf_deadline_inside  # one pair measurement serves every concurrency's test
 def test_speedup(
-    request: pytest.FixtureRequest,
     candidate_name: str,
     concurrency: int,
     perf: PerfRecorder,
     serve: Pool,
     serve_profiles: dict[str, ServeProfile],
-    speedup_pairs: dict[tuple[str, str], PairResult],
+    decode_windows: dict[tuple[str, int], SpecWindow],
     moeperf_settings: Settings,
 ) -> None:
-    """Speedup = reference TPOT / candidate TPOT, same workload and concurrency, per round (the engine's TPOT, see
-    :func:`tpot_ms`); the median round is judged and must reach ``min_speedup``."""
+    """Speedup = reference TPOT / candidate TPOT (the engine's, see :func:`tpot_ms`), from both servers' decode
+    windows of this start at this concurrency (measured here only when no decode test ran them); it must reach
+    ``min_speedup``. One value a start: its rounds are the starts."""
     candidate = serve_profiles[candidate_name]
     reference = candidate.reference
     assert reference is not None, f"profile {candidate.name} names no reference profile"
-    wl = WORKLOADS[candidate.device]
-    rounds = 2 if moeperf_settings.quick else 4
-
-    def measure(server: Served, c: int, r: int) -> float:
-        count = max(2 * c, SPEEDUP_REQUESTS)
-        requests = server.prompt_set(PROMPTS, count, wl.output_len, seed=100 + r)
-        # a server the decode windows already warmed at this shape runs no second pass (`Served.measure`)
-        warm = server.prompt_set(PROMPTS, warm_count(ClosedLoop(c), count, wl.warmup), wl.output_len, seed=99)
-        window = server.measure(requests, ClosedLoop(c), warm=warm)
-        check_failures(window.window.metrics)
-        return tpot_ms(window)
-
-    pair = speedup_pairs.get((reference, candidate.name))
-    if pair is None:
-        skip_past_deadline(request.config)
-        fit = serve.pool.fits_together(reference, candidate.name)
-        pair = measure_pair(serve, reference, candidate.name, wl.concurrencies, rounds, measure, fit_together=fit)
-        speedup_pairs[(reference, candidate.name)] = pair
-    ratios = pair.speedups[concurrency]
-    # the pair is measured once a session and kept: a confirmation call would record the same ratios again, and
-    # copies are no rounds (seen in a clean-clone CI run: 3 identical "rounds" of 1.874x read REGRESSED at p = 0.009
-    # on one window whose 4 ratios ran from 1.60 to 2.54)
-    perf.measured_once("the reference/candidate pair is measured once a session and reused by every call")
-    describe(perf, candidate, concurrency)
-    perf.context(reference=reference, speedup_method=pair.method)
-    if pair.drift:
-        perf.context(reference_drift=", ".join(f"{d:.3f}" for d in pair.drift[concurrency]))
-    perf.record("speedup", ratios, unit="x", better="higher", tolerance=candidate.tolerances.speedup)
+    windows = {}
+    for name in (reference, candidate.name):
+        if (name, concurrency) not in decode_windows:  # its decode test was not selected, or skipped
+            decode_windows[(name, concurrency)] = decode_window(serve(name), concurrency, moeperf_settings)
+        windows[name] = decode_windows[(name, concurrency)]
+        check_failures(windows[name].all_requests.metrics)
+    ratio = tpot_ms(windows[reference]) / tpot_ms(windows[candidate.name])
+    describe(perf, candidate, concurrency, moeperf_settings.window_requests)
+    perf.context(reference=reference, speedup_method="decode windows of one start",
+                 reference_tpot_ms=round(tpot_ms(windows[reference]), 4),
+                 candidate_tpot_ms=round(tpot_ms(windows[candidate.name]), 4))
+    compiled = [n for n, w in windows.items() if w.compiles.count]
+    if compiled:
+        perf.inconclusive(f"the server logged kernel compiles during the decode window of {', '.join(compiled)}")
+    perf.record("speedup", ratio, unit="x", better="higher", tolerance=candidate.tolerances.speedup)
     floor = candidate.thresholds.min_speedup
-    middle = percentile(ratios, 50.0)
     if floor is not None:
-        assert middle >= floor, (
-            f"{candidate.name} at concurrency {concurrency} does not pay for itself: median speedup "
-            f"{middle:.2f}x over {len(ratios)} rounds ({pair.method}; each: {', '.join(f'{x:.2f}' for x in ratios)})"
-            f" < required {floor:.2f}x against {reference}"
+        assert ratio >= floor, (
+            f"{candidate.name} at concurrency {concurrency} does not pay for itself: speedup {ratio:.2f}x "
+            f"(TPOT {tpot_ms(windows[reference]):.3g} ms without, {tpot_ms(windows[candidate.name]):.3g} ms with) "
+            f"< required {floor:.2f}x against {reference}"
         )

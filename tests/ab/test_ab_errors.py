@@ -41,6 +41,9 @@ def failed(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     (["--alpha", "2"], "argument --alpha: must be a probability in (0, 1], got 2"),
     (["--serve", "cpu-tiny-nospec", "--", "suites/serving", "--moeperf-server-url", "http://127.0.0.1:1"],
      "pytest argument --moeperf-server-url: --serve gives each side its own server"),
+    (["--serve-reuse"], "--serve-reuse is about the servers of --serve: name a profile with --serve PROFILE"),
+    (["--serve", "p", "--serve-reuse", "--serve-fresh"], "argument --serve-fresh: not allowed with argument "
+                                                         "--serve-reuse"),
 ])
 def test_bad_options(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert message in failed(capsys, *args)

@@ -225,6 +225,17 @@ def test_a_side_server_that_cannot_start_names_its_side_and_leaves_nothing_runni
     assert leftover.returncode == 1, leftover.stdout  # no such process left
 
 
+def test_both_sides_servers_start_together_only_where_two_fit() -> None:
+    """Fresh starts a pair, both at once where two servers of the profile fit on the box (two CPU servers do), else a
+    fresh server a process; a profile this checkout does not know is left to ``moeperf serve`` to refuse."""
+    from pytest_moeperf.ab.servers import fit_twice
+
+    repo = Path(__file__).parents[2]
+    assert fit_twice("cpu-tiny-nospec", repo) is True
+    assert fit_twice("gpu-tiny-tp1-nospec", repo) is False  # no GPU here: not even one
+    assert fit_twice("no-such-profile", repo) is None and fit_twice("cpu-tiny-nospec", Path("/")) is None
+
+
 # ------------------------------------------------------------------------------------------ SIGTERM and SIGKILL
 HANGING = SUITE + """
 import pathlib, time

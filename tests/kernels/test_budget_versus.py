@@ -42,8 +42,8 @@ def _traced(step: float, dense: float, routed: float, idle: float, ar: float = 0
 
 def _report(path: Path, tpot_ms: float, *, profile: str = "gpu-kimi-rank-tp1-nospec", load: str = "c1",
             tp: int = 1, endpoint: str = "/v1/completions") -> Path:
-    """A serving run's report with one engine_tpot_ms, through the report writer."""
-    m = Measurement(f"suites/serving/test_serving.py::test_closed_loop[{profile}-{load}]", "engine_tpot_ms",
+    """A serving run's report with one engine_tpot_mean_ms, through the report writer."""
+    m = Measurement(f"suites/serving/test_serving.py::test_closed_loop[{profile}-{load}]", "engine_tpot_mean_ms",
                     (tpot_ms,), "ms", "lower", context={"profile": profile, "load": load, "tp": tp,
                                                         "endpoint": endpoint})
     ledger = Ledger()
@@ -121,10 +121,10 @@ def test_measured_steps_are_read_from_attribution_json_and_serving_reports(tmp_p
     assert served is not None and served.step_us == pytest.approx(3100.0) and "c1 window" in served.source
     with pytest.raises(ValueError, match=r"no attribution at batch 32 \(batches: 1, 8\)"):
         measured_steps([STORED], 32)
-    with pytest.raises(ValueError, match="no engine_tpot_ms of a closed-loop completions window at c8"):
+    with pytest.raises(ValueError, match="no engine_tpot_mean_ms of a closed-loop completions window at c8"):
         measured_steps([report], 8)
     chat = _report(tmp_path / "chat.json", 2.0, endpoint="/v1/chat/completions")  # the chat window is c=1 too
-    with pytest.raises(ValueError, match="no engine_tpot_ms of a closed-loop completions window at c1"):
+    with pytest.raises(ValueError, match="no engine_tpot_mean_ms of a closed-loop completions window at c1"):
         measured_steps([chat], 1)
     at_8 = measured_steps([STORED, report], 8)  # the report has no c8 window: the trace's batch 8 alone
     assert at_8[0] is not None and at_8[0].step_us == 2705.0 and at_8[1] is None

@@ -98,12 +98,16 @@ def test_attach_mode_measures_a_server_the_suite_did_not_start(
     metrics = entries(report)
     c1 = {k.rsplit("::", 1)[1]: v for k, v in metrics.items() if k.startswith("test_closed_loop[my-tiny-moe-c1]")}
     # the server's own figures beside the client's, a warm pass of the window's shape, the drift check
-    assert {"engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms", "engine_queue_ms"} <= set(c1)
+    assert {"engine_ttft_mean_ms", "engine_tpot_mean_ms", "engine_itl_mean_ms", "engine_e2el_mean_ms",
+            "engine_queue_mean_ms", "tpot_mean_ms", "ttft_mean_ms"} <= set(c1)
     context = c1["ttft_ms"]
     assert context["warm_requests"] == 2 and context["warm_s"] > 0 and "drift" in context
-    assert context["requests"] == 10  # --moeperf-window-requests 20, halved by --moeperf-quick
-    assert context["workload"] == "20 requests a window"  # not compared with baselines of the default size
-    assert context["engine_requests"] == context["requests"]  # the server counted exactly the window's requests
+    # --moeperf-window-requests 20, halved by --moeperf-quick, is the plateau; one request set aside at each end
+    assert (context["requests"], context["plateau_requests"], context["ramp_requests"]) == (12, 10, 1)
+    # not compared with baselines of the default size, nor with whole-window ones
+    assert context["workload"] == "random 128 in / 64 out, outputs fixed; plateau, 20 requests a window"
+    assert context["engine_requests"] == context["plateau_requests"]  # the server counted exactly the plateau
+    assert context["engine_span"] == "plateau: after completion 1 to after completion 11 of 12"
     # --moeperf-quick windows are too small to bound a p90: recorded, INCONCLUSIVE with the reason, never gated
     assert c1["ttft_p90_ms"]["verdict"] == "INCONCLUSIVE" and "cannot bound the p90" in c1["ttft_p90_ms"]["reason"]
     # the attached server's processes are the session's own: found from its port, never named as foreign load
@@ -119,8 +123,9 @@ def test_two_attached_urls_measure_the_speedup_and_a_full_window_bounds_its_p90(
     run_moeperf,
     hand_started_server: LaunchedServer,  # type: ignore[no-untyped-def]
 ) -> None:
-    """The same server attached as reference and as candidate: the machinery of the pair (alternating windows,
-    the engine's TPOT per round), not a speedup figure (it is ~1). A window of the full CPU size bounds its p90."""
+    """The same server attached as reference and as candidate: the machinery of the pair (both decode windows, here
+    measured by the speed-up test itself since no decode test ran, the engine's TPOT), not a speedup figure (it is
+    ~1). A window of the full CPU size bounds its p90 on its plateau."""
     copy_suites(pytester)
     url = hand_started_server.base_url
     report = pytester.path / "report.json"
@@ -130,14 +135,16 @@ def test_two_attached_urls_measure_the_speedup_and_a_full_window_bounds_its_p90(
     result = run_moeperf("suites", *pair, "--moeperf-quick", f"--moeperf-report={report}", "-k", "speedup")
     result.assert_outcomes(passed=2)  # c1, c4
     speedup = entries(report)["test_speedup[candidate-my-tiny-moe-c1]::speedup"]
-    assert speedup["speedup_method"] == "alternating windows" and speedup["reference"] == "reference-my-tiny-moe"
+    assert speedup["speedup_method"] == "decode windows of one start"
+    assert speedup["reference"] == "reference-my-tiny-moe"
     assert 0.5 < speedup["round_medians"][0] < 2.0
     full = pytester.path / "full.json"
     result = run_moeperf("suites", *pair, f"--moeperf-report={full}", "-k",
                          "test_closed_loop and reference and c1")  # fmt: skip
     result.assert_outcomes(passed=1)
     c1 = {k.rsplit("::", 1)[1]: v for k, v in entries(full).items()}
-    assert c1["ttft_ms"]["requests"] == 29 and c1["ttft_ms"]["drift"].startswith(("none", "drifted"))
+    assert (c1["ttft_ms"]["requests"], c1["ttft_ms"]["plateau_requests"]) == (31, 29)  # and one set aside at each end
+    assert c1["ttft_ms"]["drift"].startswith(("none", "drifted"))
     assert c1["ttft_ms"]["server_pids"] == f"{hand_started_server.pid},{engine_core}"  # found, and named
     p90 = c1["ttft_p90_ms"]
     assert p90["tail_requests_needed"] == 29 and p90["tail_ci_low"] <= p90["round_medians"][0] <= p90["tail_ci_high"]

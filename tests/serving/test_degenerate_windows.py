@@ -107,7 +107,7 @@ def test_first_tokens_far_later_than_the_engines_ttft_make_the_client_timing_inc
     names = {m.name for m in perf.records}
     assert {"ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "output_throughput"} <= names  # shown, INCONCLUSIVE
     assert all(perf.unusable_for(n) == (reason,) for n in CLIENT_TIMED) and perf.unusable_for("failed_rate") == ()
-    assert perf.unusable_for("engine_ttft_ms") == () and perf.unusable_for("acceptance_length") == ()
+    assert perf.unusable_for("engine_ttft_mean_ms") == () and perf.unusable_for("acceptance_length") == ()
     assert perf.records[0].name == "ttft_ms" and perf.records[0].context["client_timing"] == reason
 
 

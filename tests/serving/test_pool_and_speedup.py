@@ -1,6 +1,6 @@
-"""What fits on one box (GPU memory shares, one CPU server), which servers start together, how the speedup is
-paired (alternating windows vs A-B-A restarts, and the drift the A-B-A shows), and the attach-mode URL syntax. Pure
-units: no server starts."""
+"""What fits on one box (GPU memory shares, one CPU server), which servers start together, and the attach-mode URL
+syntax. Pure units: no server starts. (The speed-up now reads the decode windows of one start: the spec-decode
+suite.)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from pytest_moeperf.serving.lifecycle.pool import (
     place,
 )
 from pytest_moeperf.serving.models.profiles import ServeProfile, load_profiles
-from pytest_moeperf.serving.speedup import ABA, ALTERNATING, measure_pair
 from pytest_moeperf.settings import parse_server_urls
 
 PROFILES = load_profiles(Path(__file__).parents[2] / "suites" / "serving" / "profiles")
@@ -74,34 +73,6 @@ class Box:
             self.up.append(name)
             self.log.append(f"start {name}")
         return name
-
-
-def test_aba_restarts_alternate_without_two_servers_up_and_show_drift() -> None:
-    box = Box(capacity=1)
-    tpots = {"ref": iter([10.0, 20.0, 12.0, 24.0]), "cand": iter([5.0, 8.0])}  # reference drifts +20 % between A's
-
-    def measure(served: str, concurrency: int, rnd: int) -> float:
-        assert len(box.up) == 1
-        return next(tpots[served])
-
-    pair = measure_pair(box, "ref", "cand", [1, 4], 1, measure, fit_together=False)  # type: ignore[arg-type]
-    assert box.log == ["start ref", "start cand", "start ref"]  # one A-B-A for both concurrencies
-    assert pair.method == ABA
-    assert pair.speedups == {1: [pytest.approx(11.0 / 5.0)], 4: [pytest.approx(22.0 / 8.0)]}
-    assert pair.drift == {1: [pytest.approx(1.2)], 4: [pytest.approx(1.2)]}
-
-
-def test_alternating_windows_when_both_fit() -> None:
-    box = Box(capacity=2)
-    order: list[str] = []
-
-    def measure(served: str, concurrency: int, rnd: int) -> float:
-        order.append(served)
-        return 9.0 if served == "ref" else 3.0
-
-    pair = measure_pair(box, "ref", "cand", [1], 3, measure, fit_together=True)  # type: ignore[arg-type]
-    assert order == ["ref", "cand"] * 3 and box.log == ["start ref", "start cand"]
-    assert pair.method == ALTERNATING and pair.speedups == {1: [3.0, 3.0, 3.0]} and pair.drift == {}
 
 
 def test_server_url_syntax() -> None:

@@ -17,7 +17,7 @@ def test_table_rows_per_profile_and_concurrency() -> None:
     nospec = {"profile": "cpu-tiny-nospec", "spec_method": "none", "concurrency": 1}
     measurements = [
         m("d[ngram]", "tpot_ms", (3.0, 9.0, 4.0), **ngram),
-        m("d[ngram]", "engine_tpot_ms", (2.5,), **ngram),
+        m("d[ngram]", "engine_tpot_mean_ms", (2.5,), **ngram),
         m("d[ngram]", "output_throughput", (300.0,), **ngram),
         m("d[ngram]", "acceptance_length", (3.8,), **ngram),
         m("d[ngram]", "acceptance_rate", (0.93,), **ngram),

@@ -16,6 +16,7 @@ from pytest_moeperf.perf import Perf
 from pytest_moeperf.serving.analysis.arbiter import EngineFigures, engine_figures
 from pytest_moeperf.serving.analysis.drift import DEFAULT_MIN_EFFECT, check_drift, in_flight, rank_test
 from pytest_moeperf.serving.analysis.metrics import RequestOutcome, compute
+from pytest_moeperf.serving.analysis.plateau import find
 from pytest_moeperf.serving.analysis.prometheus import parse
 from pytest_moeperf.serving.analysis.tails import judge_tail, requests_needed, tail_bound
 from pytest_moeperf.serving.lifecycle.served import SpecWindow
@@ -78,10 +79,12 @@ def test_a_server_that_warmed_up_during_the_window_drifts() -> None:
     reason = str(check.reason())
     assert "the window drifted" in reason and "TTFT" in reason and "first vs last 11 of 46 requests" in reason
     perf = Perf("t")
-    result = SpecWindow(window(cold + warm), None, EngineFigures(ttft_ms=30.0, tpot_ms=6.0), WarmPass(2, 0.5))
+    steady = find(cold + warm, 1)  # as Served.measure scores it: the first and the last completion set aside
+    result = SpecWindow(window(list(steady.outcomes)), None, EngineFigures(ttft_ms=30.0, tpot_ms=6.0),
+                        WarmPass(2, 0.5), plateau=steady)
     record_window(perf, result, Tolerances(ttft=0.05))
     assert perf.unusable_for("ttft_ms") == (reason,) and perf.unusable_for("output_throughput") == (reason,)
-    assert perf.unusable_for("engine_ttft_ms") == () and perf.unusable_for("failed_rate") == ()
+    assert perf.unusable_for("engine_ttft_mean_ms") == () and perf.unusable_for("failed_rate") == ()
     assert perf.records[0].context["warm_requests"] == 2 and perf.records[0].context["drift"] == "drifted"
 
 
@@ -183,8 +186,8 @@ def test_the_servers_figures_are_its_histogram_means_over_the_window() -> None:
     assert figures.itl_ms == pytest.approx(10.5) and figures.e2el_ms == pytest.approx(700.0)
     assert figures.queue_ms == pytest.approx(0.175)
     assert (figures.requests, figures.output_tokens) == (20, 1280)
-    assert set(figures.metrics()) == {"engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms",
-                                      "engine_queue_ms"}
+    assert set(figures.metrics()) == {"engine_ttft_mean_ms", "engine_tpot_mean_ms", "engine_itl_mean_ms",
+                                      "engine_e2el_mean_ms", "engine_queue_mean_ms"}
     renamed = parse(exposition(1.5, 30, 1920).replace("inter_token_latency", "time_per_output_token"))
     assert engine_figures(before, renamed).itl_ms is None  # the old name on one side only: nothing to subtract
     old = parse(exposition(1.0, 10, 640).replace("inter_token_latency", "time_per_output_token"))
@@ -199,8 +202,9 @@ def test_engine_figures_are_metrics_that_stand_when_the_client_timing_does_not()
                            output_tokens=512)
     record_window(perf, SpecWindow(window(lumped), None, engine), Tolerances())
     names = {m.name: m for m in perf.records}
-    assert {"engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms", "engine_queue_ms"} <= set(names)
-    assert names["engine_queue_ms"].abs_tolerance == 1.0  # microseconds of queueing: no relative change counts
+    assert {"engine_ttft_mean_ms", "engine_tpot_mean_ms", "engine_itl_mean_ms", "engine_e2el_mean_ms",
+            "engine_queue_mean_ms"} <= set(names)
+    assert names["engine_queue_mean_ms"].abs_tolerance == 1.0  # microseconds of queueing: no relative change counts
     assert all(perf.unusable_for(n) == () for n in names if n.startswith("engine_"))
     assert perf.unusable_for("ttft_ms") != () and names["ttft_ms"].context["engine_output_tokens"] == 512
 

@@ -4,7 +4,7 @@
 * ``moeperf attribute --json`` output (a list of attribution records, read by
   :meth:`~pytest_moeperf.attribution.trace.Attribution.from_json`): the traced step at a batch, split;
 * a serving run's JSON report (``--moeperf-report``, read by
-  :func:`~pytest_moeperf.reports.document.benchmark_metrics`): the server's own TPOT (``engine_tpot_ms``) of the
+  :func:`~pytest_moeperf.reports.document.benchmark_metrics`): the server's own TPOT (``engine_tpot_mean_ms``) of the
   closed-loop completions window at concurrency = batch (``load`` ``c<batch>``), the step as served.
 """
 
@@ -21,7 +21,8 @@ from pytest_moeperf.reports.document import benchmark_metrics
 
 __all__ = ["ENGINE_TPOT", "NoStepAtBatch", "measured_steps"]
 
-ENGINE_TPOT = "engine_tpot_ms"
+#: the server's own mean TPOT of a serving window (`serving.analysis.arbiter`)
+ENGINE_TPOT = "engine_tpot_mean_ms"
 #: the ``endpoint`` context of a completions window (``serving.load.loadgen.Endpoint.COMPLETIONS``)
 COMPLETIONS = "/v1/completions"
 

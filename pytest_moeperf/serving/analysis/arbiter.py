@@ -1,18 +1,24 @@
 """The arbiter of the client's timing: the server's own figures over a window, from vLLM's ``/metrics``.
 
-Two scrapes bracket the measured window; the deltas of vLLM's histograms (sum and count) give the mean of every
-observation the server made in between. What each one times (vLLM 0.32, ``v1/metrics/stats.py``):
+Two scrapes bracket the window's plateau (`pytest_moeperf.serving.analysis.plateau`: the load generator scrapes right
+after its ``edge``-th and ``(n - edge)``-th completion; an open loop, or a window without a plateau, is bracketed
+whole, and the context says which: ``engine_span``); the deltas of vLLM's histograms (sum and count) give the mean
+of every observation the server made in between. Means, so each is named ``…_mean_ms``, and the client's figure of
+the same statistic beside it is its mean over the plateau's requests (``tpot_mean_ms`` against
+``engine_tpot_mean_ms``). What each one times (vLLM 0.32, ``v1/metrics/stats.py``; a histogram observes a request's
+TPOT, E2EL and ITL when its tokens are processed, in the API server's output loop before they are streamed, so a
+scrape after the client saw a completion counts it):
 
-* ``engine_ttft_ms`` (``vllm:time_to_first_token_seconds``): from the request's arrival at the API server (after
+* ``engine_ttft_mean_ms`` (``vllm:time_to_first_token_seconds``): from the request's arrival at the API server (after
   the HTTP body is parsed, before tokenization) to the output loop's receipt of the first token from the engine
   core; without the SSE delivery to the client.
-* ``engine_tpot_ms`` (``vllm:request_time_per_output_token_seconds``): per finished request, (last token - first
+* ``engine_tpot_mean_ms`` (``vllm:request_time_per_output_token_seconds``): per finished request, (last token - first
   token) / (tokens - 1) on engine-core timestamps: the client's TPOT without the delivery's jitter.
-* ``engine_itl_ms`` (``vllm:inter_token_latency_seconds``; ``vllm:time_per_output_token_seconds`` before it was
+* ``engine_itl_mean_ms`` (``vllm:inter_token_latency_seconds``; ``vllm:time_per_output_token_seconds`` before it was
   renamed): every gap between two engine-core outputs of one request, pooled, as vLLM's ITL is; under speculative
   decoding one output carries several tokens, as one SSE chunk does.
-* ``engine_e2el_ms`` (``vllm:e2e_request_latency_seconds``): arrival to the last token, without delivery.
-* ``engine_queue_ms`` (``vllm:request_queue_time_seconds``): queued to first scheduled in the engine core.
+* ``engine_e2el_mean_ms`` (``vllm:e2e_request_latency_seconds``): arrival to the last token, without delivery.
+* ``engine_queue_mean_ms`` (``vllm:request_queue_time_seconds``): queued to first scheduled in the engine core.
 * the finished requests (``vllm:e2e_request_latency_seconds_count``) and output tokens
   (``vllm:generation_tokens_total``) the server counted in the window: the client's throughput counts the same
   tokens (the ``usage`` of each answer) over its own wall time, so the counts must agree.
@@ -31,16 +37,16 @@ __all__ = ["ENGINE_HISTOGRAMS", "ENGINE_METRICS", "EngineFigures", "engine_figur
 
 #: metric name -> vLLM histograms, the first the server exports wins (names of older releases after the current)
 ENGINE_HISTOGRAMS: dict[str, tuple[str, ...]] = {
-    "engine_ttft_ms": ("vllm:time_to_first_token_seconds",),
-    "engine_tpot_ms": ("vllm:request_time_per_output_token_seconds",),
-    "engine_itl_ms": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-    "engine_e2el_ms": ("vllm:e2e_request_latency_seconds",),
-    "engine_queue_ms": ("vllm:request_queue_time_seconds",),
+    "engine_ttft_mean_ms": ("vllm:time_to_first_token_seconds",),
+    "engine_tpot_mean_ms": ("vllm:request_time_per_output_token_seconds",),
+    "engine_itl_mean_ms": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "engine_e2el_mean_ms": ("vllm:e2e_request_latency_seconds",),
+    "engine_queue_mean_ms": ("vllm:request_queue_time_seconds",),
 }
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 FINISHED = "vllm:e2e_request_latency_seconds_count"
 #: the metric names of `EngineFigures.metrics`
-ENGINE_METRICS = ("engine_ttft_ms", "engine_tpot_ms", "engine_itl_ms", "engine_e2el_ms", "engine_queue_ms")
+ENGINE_METRICS = tuple(ENGINE_HISTOGRAMS)
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,7 @@ def _delta(before: Scrape, after: Scrape, name: str) -> int | None:
 
 def engine_figures(before: Scrape, after: Scrape) -> EngineFigures:
     """The server's figures over the window between two scrapes."""
-    means = {key: _mean_ms(before, after, names) for key, names in ENGINE_HISTOGRAMS.items()}
-    return EngineFigures(ttft_ms=means["engine_ttft_ms"], tpot_ms=means["engine_tpot_ms"],
-                         itl_ms=means["engine_itl_ms"], e2el_ms=means["engine_e2el_ms"],
-                         queue_ms=means["engine_queue_ms"], requests=_delta(before, after, FINISHED),
+    ttft, tpot, itl, e2el, queue = (_mean_ms(before, after, names) for names in ENGINE_HISTOGRAMS.values())
+    return EngineFigures(ttft_ms=ttft, tpot_ms=tpot, itl_ms=itl, e2el_ms=e2el, queue_ms=queue,
+                         requests=_delta(before, after, FINISHED),
                          output_tokens=_delta(before, after, GENERATION_TOKENS))

@@ -163,9 +163,9 @@ def check_drift(outcomes: Sequence[RequestOutcome], *, ramp: int, min_effects: M
     if 2 * part > len(blocks):
         unit = "requests" if block == 1 else f"blocks of {block} requests (requests in flight together share a " \
                                              f"batch: a block is one observation)"
+        after = f" after {ramp} ramp request(s) at each end" if ramp else ""
         return DriftCheck(part, block, len(blocks), skipped=(
-            f"{len(ok)} requests leave {len(blocks)} {unit} after {ramp} ramp request(s) at each end; the check "
-            f"needs {2 * MIN_QUARTER}"))
+            f"{len(ok)} requests leave {len(blocks)} {unit}{after}; the check needs {2 * MIN_QUARTER}"))
     medians = [latency_samples(b) for b in blocks]
     checks = []
     for metric in DRIFT_METRICS:

@@ -43,10 +43,14 @@ def requests_needed(pct: float, confidence: float = TAIL_CONFIDENCE) -> int:
     return stats.quantile_sample_size(pct / 100.0, confidence)
 
 
-def window_count(requested: int, pcts: Sequence[float], quick: bool) -> int:
-    """Requests in a window asked for ``requested``: raised to what its gated percentiles ``pcts`` need;
-    ``--moeperf-quick`` halves it (at least 8) and raises nothing (its tails are not gated)."""
-    return max(8, requested // 2) if quick else max(requested, *(requests_needed(p) for p in pcts))
+def window_count(requested: int, pcts: Sequence[float], quick: bool, *, edge: int = 0, blocks: int = 0) -> int:
+    """Requests in a window whose plateau is asked ``requested``: the plateau raised to what its gated percentiles
+    ``pcts`` need and to ``blocks`` drift blocks of ``edge`` requests, plus ``edge`` requests set aside at each end
+    (the ramp and the drain, `pytest_moeperf.serving.analysis.plateau`); ``--moeperf-quick`` halves the plateau (at
+    least 8) and raises nothing (its tails are not gated, its drift not checked)."""
+    if quick:
+        return max(8, requested // 2) + 2 * edge
+    return max(requested, *(requests_needed(p) for p in pcts), blocks * max(1, edge)) + 2 * edge
 
 
 def tail_names(pcts: Sequence[float], metrics: Sequence[str] = TAIL_METRICS) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -17,12 +18,14 @@ from pytest_moeperf.ledger import JSONScalar
 from pytest_moeperf.serving.analysis.arbiter import EngineFigures, engine_figures
 from pytest_moeperf.serving.analysis.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
 from pytest_moeperf.serving.analysis.metrics import Slo
+from pytest_moeperf.serving.analysis.plateau import Plateau, edge_of, find, plateau_metrics
 from pytest_moeperf.serving.analysis.prometheus import parse
 from pytest_moeperf.serving.analysis.specdecode import AcceptanceStats, SpecDecodeCounters, acceptance
 from pytest_moeperf.serving.lifecycle.pinning import pinned
 from pytest_moeperf.serving.lifecycle.server import AttachedServer, LaunchedServer, ServerDied, http_get
 from pytest_moeperf.serving.lifecycle.starts import StartInfo
 from pytest_moeperf.serving.load.loadgen import (
+    ClosedLoop,
     Endpoint,
     LoadGenerator,
     LoadShape,
@@ -42,9 +45,12 @@ Server = LaunchedServer | AttachedServer
 
 @dataclass(frozen=True)
 class SpecWindow:
-    """A measured window; for a speculative server, the acceptance over that same window; the server's own figures
-    over it (`pytest_moeperf.serving.analysis.arbiter`: TTFT, TPOT, ITL, E2EL and queue means, the tokens it
-    counted); and the unmeasured pass that warmed the server before it (`pytest_moeperf.serving.load.warm`)."""
+    """A measured window scored on its plateau (``window``: the steady requests, their latencies and the throughputs
+    over its span, `pytest_moeperf.serving.analysis.plateau`; ``whole``: every request, for the failures); for a
+    speculative server, the acceptance over the whole window; the server's own figures over the plateau where the
+    load generator could scrape at its edges, else over the whole window (``engine_span`` says which;
+    `pytest_moeperf.serving.analysis.arbiter`: TTFT, TPOT, ITL, E2EL and queue means, the tokens it counted); and the
+    unmeasured pass that warmed the server before it (`pytest_moeperf.serving.load.warm`)."""
 
     window: WindowResult
     acceptance: AcceptanceStats | None
@@ -52,6 +58,14 @@ class SpecWindow:
     warm: WarmPass = WarmPass(0)
     #: the kernel compiles the server logged while the window ran (`pytest_moeperf.serving.analysis.jit`)
     compiles: Compiles = Compiles(checked=False)
+    whole: WindowResult | None = None  # None: ``window`` is the whole window
+    plateau: Plateau | None = None
+    engine_span: str = "whole window"
+
+    @property
+    def all_requests(self) -> WindowResult:
+        """The whole window: every request, failed ones included."""
+        return self.whole if self.whole is not None else self.window
 
     @property
     def engine_tpot_ms(self) -> float | None:
@@ -170,8 +184,9 @@ class Served:
         endpoint: Endpoint = Endpoint.COMPLETIONS,
     ) -> SpecWindow:
         """Warm the server with ``warm`` under the window's own shape (unless it already ran a pass of this shape),
-        then scrape, run the window, scrape again: acceptance and the server's figures cover exactly the window.
-        Under a CPU placement this process runs on the client's CPUs meanwhile."""
+        then scrape, run the window (a closed loop scraping at its plateau's edges), scrape again: the acceptance
+        covers exactly the window, the client's and the server's figures its plateau (an open loop's server figures:
+        the whole window). Under a CPU placement this process runs on the client's CPUs meanwhile."""
         with pinned(self.start.cpusets.client if self.start and self.start.cpusets else None):
             return self._measure(requests, shape, warm=warm, slo=slo, endpoint=endpoint)
 
@@ -186,14 +201,29 @@ class Served:
             self.warmed.add(key)
         first = parse(self.scrape())
         before_window = mark(log_path)
-        window = client.run(requests, shape, slo=slo)
+        closed = shape.concurrency if isinstance(shape, ClosedLoop) else 0
+        edges: tuple[int, ...] = (closed, len(requests) - closed) if closed and len(requests) > 2 * closed else ()
+        window = client.run(requests, shape, slo=slo, probes=edges)
         compiled = compiles_since(before_window)
         last = parse(self.scrape())
         before, after = SpecDecodeCounters.from_scrape(first), SpecDecodeCounters.from_scrape(last)
         stats = None
         if before is not None and after is not None and after.drafts > before.drafts:
             stats = acceptance(before, after)
-        return SpecWindow(window, stats, engine=engine_figures(first, last), warm=done, compiles=compiled)
+        plateau = find(window.outcomes, edge_of(closed, window.outcomes),
+                       f"{closed} clients" if closed else "the requests in flight on average (Little's law)")
+        scored = dataclasses.replace(window, outcomes=plateau.outcomes,
+                                     metrics=plateau_metrics(plateau, window.outcomes, window.metrics, slo))
+        engine, span = engine_figures(first, last), "whole window"
+        bodies = [p.body for p in window.probes]
+        if len(bodies) == 2 and bodies[0] is not None and bodies[1] is not None and not plateau.whole:
+            engine = engine_figures(parse(bodies[0]), parse(bodies[1]))
+            span = f"plateau: after completion {edges[0]} to after completion {edges[1]} of {len(requests)}"
+        elif window.probes:
+            span = "whole window (a scrape at the plateau's edges failed: " + "; ".join(
+                p.error for p in window.probes if p.error) + ")"
+        return SpecWindow(scored, stats, engine=engine, warm=done, compiles=compiled, whole=window, plateau=plateau,
+                          engine_span=span)
 
     def _warm(self, client: LoadGenerator, warm: Sequence[Request], shape: LoadShape,
               log_path: Path | None) -> WarmPass:

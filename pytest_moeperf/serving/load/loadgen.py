@@ -1,11 +1,10 @@
 """Async streaming load generator for vLLM's OpenAI-compatible server.
 
-Sends streaming ``/v1/completions`` or ``/v1/chat/completions`` requests under a load shape, times each SSE
-chunk the way ``vllm bench serve`` does (see :mod:`pytest_moeperf.serving.analysis.metrics`), and returns every
-request's outcome: failures are kept and counted, never dropped. Warm-up requests run before the measured
-window and are excluded from it. A liveness check runs beside the window, so a server that dies mid-run
-aborts it at once with the server's own explanation instead of a hang.
-"""
+Sends streaming ``/v1/completions`` or ``/v1/chat/completions`` requests under a load shape, times each SSE chunk
+the way ``vllm bench serve`` does (`pytest_moeperf.serving.analysis.metrics`), and returns every request's outcome:
+failures are kept and counted, never dropped. Warm-up requests run before the window, excluded from it. A liveness
+check runs beside it (a server that dies mid-run aborts it at once with its own explanation, not a hang), and
+``/metrics`` is scraped right after given numbers of completions (``probes``: the plateau's edges)."""
 
 from __future__ import annotations
 
@@ -26,17 +25,8 @@ if TYPE_CHECKING:
 
 from pytest_moeperf.serving.analysis.metrics import RequestOutcome, ServingMetrics, Slo, compute
 
-__all__ = [
-    "ClosedLoop",
-    "Endpoint",
-    "LoadGenerator",
-    "LoadShape",
-    "OpenLoop",
-    "Request",
-    "WindowResult",
-    "arrival_offsets",
-    "stream_outcome",
-]
+__all__ = ["ClosedLoop", "Endpoint", "LoadGenerator", "LoadShape", "OpenLoop", "Probe", "Request", "WindowResult",
+           "arrival_offsets", "stream_outcome"]
 
 log = logging.getLogger("pytest_moeperf.serving")
 
@@ -101,15 +91,27 @@ LoadShape = ClosedLoop | OpenLoop
 
 
 @dataclass(frozen=True)
+class Probe:
+    """The server's ``/metrics`` right after the ``done``-th request of a window completed (``at_s`` from the
+    window's start); ``body`` None when the scrape failed (``error`` says why)."""
+
+    done: int
+    at_s: float
+    body: str | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class WindowResult:
-    """The measured window: every outcome, its wall time, the metrics computed from them and the endpoint the
-    requests went to."""
+    """The measured window: every outcome, its wall time, the metrics computed from them, the endpoint the
+    requests went to and the scrapes taken during it (``probes``)."""
 
     shape: LoadShape
     outcomes: tuple[RequestOutcome, ...]
     duration_s: float
     metrics: ServingMetrics
     endpoint: Endpoint = Endpoint.COMPLETIONS
+    probes: tuple[Probe, ...] = ()
 
 
 def arrival_offsets(shape: OpenLoop, count: int) -> list[float]:
@@ -146,9 +148,10 @@ class LoadGenerator:
         *,
         warmup: Sequence[Request] = (),
         slo: Slo | None = None,
+        probes: Sequence[int] = (),
     ) -> WindowResult:
         """Blocking wrapper around :meth:`run_async` for synchronous tests."""
-        return asyncio.run(self.run_async(requests, shape, warmup=warmup, slo=slo))
+        return asyncio.run(self.run_async(requests, shape, warmup=warmup, slo=slo, probes=probes))
 
     async def run_async(
         self,
@@ -157,7 +160,9 @@ class LoadGenerator:
         *,
         warmup: Sequence[Request] = (),
         slo: Slo | None = None,
+        probes: Sequence[int] = (),
     ) -> WindowResult:
+        """The window; ``probes``: scrape ``/metrics`` right after that many requests completed (tasks beside it)."""
         if not requests:
             raise ValueError("no requests to send")
         import aiohttp  # optional dependency ([serving] extra): imported where used
@@ -171,13 +176,40 @@ class LoadGenerator:
                 if bad:
                     log.warning("%d of %d warm-up requests failed; first error: %s", len(bad), len(warm), bad[0])
             start = time.perf_counter()
+            marks, scrapes = set(probes), []
+
+            def done(count: int) -> None:
+                if count in marks:
+                    scrapes.append(asyncio.ensure_future(self._probe(session, count, start)))
+
             if isinstance(shape, ClosedLoop):
-                job = self._closed(session, requests, shape.concurrency, start, self.progress)
+                job = self._closed(session, requests, shape.concurrency, start, self.progress, done)
             else:
-                job = self._open(session, requests, shape, start)
-            outcomes = await self._guarded(job)
+                job = self._open(session, requests, shape, start, done)
+            try:
+                outcomes = await self._guarded(job)
+            except BaseException:  # the window is cut (a dead server): its scrapes with it
+                for task in scrapes:
+                    task.cancel()
+                await asyncio.gather(*scrapes, return_exceptions=True)
+                raise
             duration = time.perf_counter() - start
-        return WindowResult(shape, tuple(outcomes), duration, compute(outcomes, duration, slo), self.endpoint)
+            taken = tuple(await asyncio.gather(*scrapes))
+        return WindowResult(shape, tuple(outcomes), duration, compute(outcomes, duration, slo), self.endpoint,
+                            taken)
+
+    async def _probe(self, session: aiohttp.ClientSession, done: int, start: float) -> Probe:
+        at = time.perf_counter() - start
+        try:
+            async with session.get(self.base_url.rstrip("/") + "/metrics") as resp:
+                body = await resp.text()
+                if resp.status != 200:
+                    return Probe(done, at, None, f"HTTP {resp.status}: {body[:200]}")
+                return Probe(done, at, body)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (a failed scrape is said, the window stands)
+            return Probe(done, at, None, f"{type(exc).__name__}: {exc}")
 
     async def _guarded(self, job: Awaitable[list[RequestOutcome]]) -> list[RequestOutcome]:
         """Run ``job`` beside the liveness watch; whichever ends first wins, the other is cancelled."""
@@ -210,10 +242,11 @@ class LoadGenerator:
         concurrency: int,
         start: float,
         progress: Progress | None,
+        done: Callable[[int], None] | None = None,
     ) -> list[RequestOutcome]:
         results: list[RequestOutcome | None] = [None] * len(requests)
         queue = iter(enumerate(requests))
-        tally = _Tally(len(requests), progress)
+        tally = _Tally(len(requests), progress, done)
 
         async def client() -> None:
             for index, req in queue:
@@ -224,10 +257,11 @@ class LoadGenerator:
         return [r for r in results if r is not None]
 
     async def _open(
-        self, session: aiohttp.ClientSession, requests: Sequence[Request], shape: OpenLoop, start: float
+        self, session: aiohttp.ClientSession, requests: Sequence[Request], shape: OpenLoop, start: float,
+        done: Callable[[int], None] | None = None,
     ) -> list[RequestOutcome]:
         gate = asyncio.Semaphore(shape.max_concurrency or len(requests))
-        tally = _Tally(len(requests), self.progress)
+        tally = _Tally(len(requests), self.progress, done)
 
         async def one(req: Request, offset: float) -> RequestOutcome:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
@@ -343,22 +377,24 @@ def _failed(req: Request, start_s: float, error: str) -> RequestOutcome:
 
 
 def _concurrency(shape: LoadShape) -> int:
-    if isinstance(shape, ClosedLoop):
-        return shape.concurrency
-    return shape.max_concurrency or 1
+    return shape.concurrency if isinstance(shape, ClosedLoop) else shape.max_concurrency or 1
 
 
 class _Tally:
-    """Counts finished requests and reports progress about every quarter of the window."""
+    """Counts finished requests, tells ``on_done`` each count, and reports progress about every quarter of the
+    window."""
 
-    def __init__(self, total: int, progress: Progress | None) -> None:
+    def __init__(self, total: int, progress: Progress | None, on_done: Callable[[int], None] | None = None) -> None:
         self.total, self.done, self.failed = total, 0, 0
         self.progress = progress
+        self.on_done = on_done
         self.step = max(1, total // 4)
         self.started = time.monotonic()
 
     def add(self, outcome: RequestOutcome) -> None:
         self.done += 1
         self.failed += 0 if outcome.success else 1
+        if self.on_done is not None:
+            self.on_done(self.done)
         if self.progress is not None and (self.done % self.step == 0 or self.done == self.total):
             self.progress(self.done, self.total, self.failed, time.monotonic() - self.started)

