@@ -86,7 +86,7 @@ def test_the_index_lists_the_suites_and_flags_the_step(site: tuple[Path, Made], 
     assert texts(page, "#index td.suite") == ["allreduce", "gemm"]
     assert page.evaluate("document.querySelectorAll('#index tr.stepped').length") == 1
     flags = texts(page, "#index tr.stepped .stepflag")
-    assert len(flags) == 2 and all("▲ +" in f and "(4/4 cases" in f for f in flags), flags
+    assert len(flags) == 2 and all("▲ +" in f and " worse at " in f and "(4/4 cases" in f for f in flags), flags
     for commit in made.step_commit.values():
         assert any(f" at {commit[:7]} " in f for f in flags), (commit, flags)
     assert page.evaluate("document.querySelectorAll('#index svg.spark').length") == 4  # 2 families x 2 hosts

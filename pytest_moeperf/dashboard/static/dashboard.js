@@ -137,7 +137,7 @@
       var s = session(g.s);
       return el("a", {class: "stepflag " + (worse(g.rel, row.better) ? "worse" : "better"), href: link(g.pages[0]),
                       title: g.n + " of " + l.of + " cases have a change point at session #" + g.s},
-        [(worse(g.rel, row.better) ? "▲ " : "▼ ") + pct(g.rel) + " at " + (s.commit ? s.commit.slice(0, 7) : "#" + g.s) +
+        [(g.rel >= 0 ? "▲ " : "▼ ") + pct(g.rel) + (worse(g.rel, row.better) ? " worse" : " better") + " at " + (s.commit ? s.commit.slice(0, 7) : "#" + g.s) +
          " (" + g.n + "/" + l.of + " cases, " + when(s.t).slice(0, 10) + ")"]);
     });
     if (steps.length > 3) stepNodes.push(el("span", {class: "more", text: "and " + (steps.length - 3) + " more"}));
