@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from pytest_moeperf.processes.tree import group_alive
 from pytest_moeperf.serving.lifecycle.ports import ADDRESS_IN_USE, free_port, session_listens
 
 #: seconds between two looks at a starting server: a quarter second adds at most that to its time to healthy
@@ -170,9 +171,9 @@ class LaunchedServer:
                 deadline = time.monotonic() + wait
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=wait)
-                while _group_alive(proc.pid) and time.monotonic() < deadline:
+                while group_alive(proc.pid) and time.monotonic() < deadline:
                     time.sleep(0.2)
-                if not _group_alive(proc.pid):
+                if not group_alive(proc.pid):
                     break
         if self._log is not None:
             self._log.close()
@@ -219,11 +220,3 @@ class AttachedServer:
 
     def stop(self, grace_s: float = 0.0) -> None:
         """Attached servers are not ours to stop."""
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
