@@ -41,7 +41,7 @@ def test_start(served, perf):
     for p in (pid, *tree):
         assert allowed(p) == {{frozenset({{ENGINE if p in engine else API}})}}, (p, title(p))
     env = dict(e.split("=", 1) for e in Path(f"/proc/{{pid}}/environ").read_text().split("\\0") if "=" in e)
-    assert Path(env["VLLM_CACHE_ROOT"]).parent.parent.name.startswith("vllm-cache")
+    assert Path(env["VLLM_CACHE_ROOT"]).parent.parent.name.startswith("moeperf-vllm")  # the project's cache folder
     seen = []
     probe = dataclasses.replace(served, progress_sink=lambda line: seen.append(allowed(os.getpid())))
     before = allowed(os.getpid())
