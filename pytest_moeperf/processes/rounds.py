@@ -10,7 +10,9 @@ those tests, and no more. Then it judges every metric on all its rounds; a metri
 can still decide gets them — further children that run only the tests of such metrics, up to ``--moeperf-confirm``
 of them — and the session ends as any other (`conclude`): reports, and under ``--moeperf-update`` one run per
 storable round, in one transaction, only when every round finished. Under ``--moeperf-deadline`` the deadline counts
-from the parent's start across its children (``MOEPERF_DEADLINE_AT``), as the session it is. Ctrl-C or SIGTERM
+from the parent's start across its children (``MOEPERF_DEADLINE_AT``), as the session it is, and a child that a
+child of the same tests shows cannot end before it is not begun: the session ends with the rounds it has (a batch's
+interrupt at the deadline would have cut that child, and with it every round: nothing written). Ctrl-C or SIGTERM
 interrupts the running child (which tears its fixtures down), removes the temporary directories and ends the session
 with nothing written: exit 2 (interrupted) or 143 (terminated); a child whose parent was killed is interrupted by the
 parent-death signal (`termination`).
@@ -32,7 +34,7 @@ import pytest
 from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.judging.judge import MetricChanged, budget_ended
 from pytest_moeperf.judging.thresholds import ThresholdError
-from pytest_moeperf.ledger import ROUND_UNIT, Ledger
+from pytest_moeperf.ledger import DEADLINE_SKIP, ROUND_UNIT, SKIPPED, Ledger
 from pytest_moeperf.processes.children import CACHE_ENV, ONLY_ENV, ChildResult, only_file, run_child
 from pytest_moeperf.processes.termination import EXIT_TERMINATED, Terminated, sigterm_interrupts
 from pytest_moeperf.settings import DEADLINE_ENV, ROUND_ENV, Settings, starts_of
@@ -86,6 +88,29 @@ class Children:
     scratch: Path
     failed_tests: bool = False
     ran: int = 0  # child rounds run so far
+    took: dict[tuple[str, ...], list[float]] = dataclasses.field(default_factory=dict)  # seconds, by ``only``
+
+    def begins(self, child: Child, only: Sequence[str] = ()) -> bool:
+        """Whether ``child`` can begin: under a deadline, not when a child of the same tests took longer than what
+        is left of it (or nothing is left). A child cut by the batch's interrupt loses what every child measured
+        (nothing written); one not begun loses only itself. A child not begun says so, and its tests count as
+        skipped by the deadline (a batch reads the step as cut)."""
+        if self.deadline is None:
+            return True
+        left = self.deadline - time.time()
+        earlier = self.took.get(tuple(only)) or [t for ts in self.took.values() for t in ts]
+        need = max(earlier, default=0.0)
+        if left > need and left > 0:
+            return True
+        why = (f"not begun: {left:.0f} s of --moeperf-deadline left, and a round of "
+               f"{'these tests' if only else 'the session'} took {need:.0f} s" if left > 0 else
+               "not begun: --moeperf-deadline has passed")
+        line(f"moeperf: round {child.label} {why}", red=True)
+        ledger = self.state.ledger
+        for test in only or list(ledger.tests):
+            ledger.note_test(test, f"{SKIPPED}{DEADLINE_SKIP}(round {child.label} {why})")
+        ledger.warn(f"round {child.label} {why}: its verdicts rest on {self.ran} round(s)")
+        return False
 
     def env(self, child: Child, only: Sequence[str]) -> dict[str, str]:
         env = {**os.environ, ROUND_ENV: child.round_of}
@@ -112,6 +137,7 @@ class Children:
         except KeyboardInterrupt:
             line(f"moeperf: interrupted in round {child.label}: nothing written", red=True)
             return int(pytest.ExitCode.INTERRUPTED)
+        self.took.setdefault(tuple(only), []).append(time.monotonic() - started)
         line(f"moeperf: round {child.label} ({time.monotonic() - started:.0f} s): {done.last_line}")
         for failure in done.failures:
             line(f"  {failure}")
@@ -141,6 +167,8 @@ class Children:
             line(f"moeperf: {len(tests)} test(s) not settled after {done + j - 1} rounds: one more round of them")
             child = Child(f"{done + j} (confirmation {j} of at most {budget})", f"round {done + j} (confirmation {j})",
                           f"{done + j}/{done + budget}")
+            if not self.begins(child, tests):
+                break
             before = set(self.state.ledger.records)
             code = self.run(child, tests)
             if code is not None:
@@ -207,20 +235,28 @@ def _run(config: pytest.Config, state: Conclusion) -> int:
     with tempfile.TemporaryDirectory(prefix="moeperf-rounds-") as tmp:
         children = Children(config, state, deadline_at(state.settings, time.time()), Path(tmp))
         for i in range(1, n + 1):
-            code = children.run(Child(f"{i}/{n}", f"round {i}/{n}", f"{i}/{n}"))
+            child = Child(f"{i}/{n}", f"round {i}/{n}", f"{i}/{n}")
+            if not children.begins(child):
+                break
+            code = children.run(child)
             if code is not None:
                 return code
         measured = unit_tests(state.ledger)
-        if starts > n and measured:
+        measured_starts = children.ran
+        if starts > n and measured and children.ran == n:
             line(f"moeperf: {len(measured)} test(s) measure a start (--moeperf-starts {starts}): "
                  f"{starts - n} more round(s) of them")
             for j in range(n + 1, starts + 1):
-                code = children.run(Child(f"{j}/{starts} (start {j} of the tests that measure one)",
-                                          f"start {j}/{starts}", f"{j}/{starts}"), measured)
+                child = Child(f"{j}/{starts} (start {j} of the tests that measure one)", f"start {j}/{starts}",
+                              f"{j}/{starts}")
+                if not children.begins(child, measured):
+                    break
+                code = children.run(child, measured)
                 if code is not None:
                     return code
+                measured_starts += 1
         judge_all(state)
-        starts_ended(state, measured, max(n, starts))
+        starts_ended(state, measured, measured_starts)
         code = children.confirm(skip=measured)
         if code is not None:
             return code

@@ -9,10 +9,11 @@ start again), its records carry ``round_unit``, and its verdicts count the start
 With S > 1 (``auto``: `settings.GPU_STARTS` on a machine with GPUs, 1 without) a session runs its other tests
 in-process as usual and those tests in S child sessions (`rounds.Children`), each starting its own servers, and no
 more: a start costs a server's start and a batch is planned in starts, so a verdict that more starts could decide
-says to raise ``--moeperf-starts`` instead of a confirmation start. Their records join the session's ledger,
-which ends the session as any other: one stored run per start under ``--moeperf-update``. A ``--moeperf-rounds``
-parent does the same with its children (`rounds.run`); a child, an xdist worker (it measures its share on one start)
-and a collect-only session run nothing in child sessions.
+says to raise ``--moeperf-starts`` instead of a confirmation start. Under ``--moeperf-deadline``, a start that the
+previous one shows cannot end before the deadline is not begun (`rounds.Children.begins`): the starts done are kept.
+Their records join the session's ledger, which ends the session as any other: one stored run per start under
+``--moeperf-update``. A ``--moeperf-rounds`` parent does the same with its children (`rounds.run`); a child, an xdist
+worker (it measures its share on one start) and a collect-only session run nothing in child sessions.
 """
 
 from __future__ import annotations
@@ -56,12 +57,15 @@ def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts
     with tempfile.TemporaryDirectory(prefix="moeperf-starts-") as tmp:
         children = Children(config, state, deadline_at(state.settings, started), Path(tmp))
         for j in range(1, starts + 1):
-            code = children.run(Child(f"{j}/{starts} (start {j})", f"start {j}/{starts}", f"{j}/{starts}"), nodeids)
+            child = Child(f"{j}/{starts} (start {j})", f"start {j}/{starts}", f"{j}/{starts}")
+            if not children.begins(child, nodeids):
+                break
+            code = children.run(child, nodeids)
             if code is not None:
                 return code, children.failed_tests
         tests = set(nodeids)
         judge_all(state, [k for k, r in state.ledger.records.items() if r.metric.test_id in tests])
-        starts_ended(state, tests, starts)
+        starts_ended(state, tests, children.ran)
     return None, children.failed_tests
 
 
