@@ -73,8 +73,9 @@ def _parse_history(text: str) -> str | Path:
 #: ``--moeperf-starts auto`` on a machine with GPUs. Two server starts of one profile on one 1x H200 differed by up to
 #: 14 % in the server's own TPOT (another host: 3 starts within 5 % in 11 of 12 figures), so a start is the unit and a
 #: verdict needs several; the rank test against m stored runs with k starts can reach p = 1/C(m+k, k): k = 3 reaches
-#: p < 0.05 against 4 or more runs (1/35 against 4, 4 arrangements of 84 against 6: two sittings of 3 starts), and
-#: three starts of the TP=1 serving plan fit one 600 s batch (suites/serving/README.md, "Time")
+#: p < 0.05 against 4 or more runs (1/35 against 4, 4 arrangements of 84 against 6: two sittings of 3 starts). Three
+#: cold starts of the TP=1 serving plan take ~975 s on 1x H200 (one measured: 324 s; suites/serving/README.md, "Time"):
+#: a 600 s batch measures the first and does not begin the second (`processes.rounds.Children.begins`)
 GPU_STARTS = 3
 
 

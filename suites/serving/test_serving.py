@@ -76,9 +76,10 @@ class Workload:
 
 
 # Per device: the CPU numbers keep CI within minutes (plateaus of 29 requests: p90 bounded; the drift check runs
-# where they hold 10 blocks); the GPU ones are the investigation's decode-heavy chat, sized so that three starts of
-# every TP=1 profile fit a 600 s batch (suites/serving/README.md, "Time"): 128 output tokens, plateaus of 29 requests
-# or 10 blocks of C (c=16: 160; c=64: 640, which also bounds p99), an open loop at 8 requests/s (~4 in flight).
+# where they hold 10 blocks); the GPU ones are the investigation's decode-heavy chat, sized to the time model (one
+# start of every TP=1 profile measured 324 s on 1x H200: suites/serving/README.md, "Time"): 128 output tokens,
+# plateaus of 29 requests or 10 blocks of C (c=16: 160; c=64: 640, which also bounds p99), an open loop at 8
+# requests/s (~4 in flight).
 WORKLOADS = {
     "cpu": Workload(29, 128, 64, 2, Slo(ttft_ms=1000, tpot_ms=50), (1, 4), ((8.0, 1.0), (8.0, 0.5)), 1 << 30,
                     open_edge=4),
