@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.serving.analysis.jit import MAX_WARM_PASSES, Compiles, compiles_since, mark
 from pytest_moeperf.serving.analysis.metrics import RequestOutcome, compute
@@ -62,7 +64,7 @@ class CompilingClient:
     def __init__(self, log: Path, compiling: int) -> None:
         self.log, self.compiling, self.passes = log, compiling, 0
 
-    def run(self, requests: list[Request], shape: ClosedLoop) -> WindowResult:
+    def run(self, requests: list[Request], shape: ClosedLoop, **_: object) -> WindowResult:
         self.passes += 1
         if self.passes <= self.compiling:
             with self.log.open("a") as fh:
@@ -87,3 +89,19 @@ def test_the_warm_pass_repeats_while_the_server_compiles(tmp_path: Path) -> None
     done = served_with_log(log)._warm(endless, warm, ClosedLoop(4), log)  # type: ignore[arg-type]
     assert (endless.passes, done.compiles) == (MAX_WARM_PASSES, MAX_WARM_PASSES)  # bounded: the window will say so
     assert done.context()["warm_passes"] == MAX_WARM_PASSES
+
+
+def test_a_window_that_compiled_was_a_warm_pass_and_runs_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """The warm pass was quiet, the window compiled (its hundreds of requests met a shape the few warm ones did not):
+    it counts as a warm pass and runs again; a window that still compiles then is measured as it is (and set aside)."""
+    log = tmp_path / "server.log"
+    log.write_text("")
+    requests = [Request(prompt=(1, 2, 3), max_tokens=4, prompt_tokens=3)] * 8
+    for compiling, runs, compiles in ((0, 1, 0), (1, 2, 0), (99, 2, 1)):
+        client = CompilingClient(log, compiling)
+        monkeypatch.setattr(Served, "client", lambda self, endpoint, c=client: c)
+        monkeypatch.setattr(Served, "scrape", lambda self: "")  # no /metrics to read: the client stands in
+        window = served_with_log(log).measure(requests, ClosedLoop(4))
+        assert (client.passes, window.compiles.count) == (runs, compiles), compiling
+        assert window.warm.context().get("warm_passes", 0) == runs - 1

@@ -9,8 +9,10 @@ few warm-up requests.
 vLLM logs each such event after its own start-up warm-up (``vllm.utils.jit_monitor``, vLLM 0.2x): a warning
 ``"<backend> <event> during inference: <kernel> …"``: once per kernel by default, once per compile with
 ``--jit-monitor-verbose`` (the GPU profiles pass it). `Served.measure` marks the server's log before a pass, reads
-what was appended after it, repeats the warm pass of a shape while it still compiled (up to `MAX_WARM_PASSES`), and
-a window during which the server still compiled is INCONCLUSIVE for its timed metrics, with the kernels named.
+what was appended after it, repeats the warm pass of a shape while it still compiled (up to `MAX_WARM_PASSES`), runs
+a window that compiled once more (`MAX_WINDOW_REPEATS`: the first run counts as a warm pass; a warm pass of a few
+requests does not meet every mix of prefills and decodes that the window's hundreds do), and a window during which
+the server still compiled is INCONCLUSIVE for its timed metrics, with the kernels named.
 Only a server this session launched has a log here; an attached one is not checked (said in the context).
 """
 
@@ -20,10 +22,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MAX_WARM_PASSES", "Compiles", "LogMark", "compiles_since", "mark"]
+__all__ = ["MAX_WARM_PASSES", "MAX_WINDOW_REPEATS", "Compiles", "LogMark", "compiles_since", "mark"]
 
 #: warm passes of one shape at most while each still made the server compile
 MAX_WARM_PASSES = 3
+#: times a window that made the server compile is run again (it served as one more warm pass): on 1x H200 with a cold
+#: Triton cache the c=16 and c=64 windows still compiled fused_moe_kernel after quiet warm passes, and were set aside
+MAX_WINDOW_REPEATS = 1
 
 #: vLLM's jit_monitor message: "Triton kernel JIT compilation during inference: fused_moe_kernel (...). This causes…"
 _EVENT = re.compile(r"(?P<what>[A-Za-z][\w -]*?) during inference: (?P<kernel>[\w.<>-]+)")
