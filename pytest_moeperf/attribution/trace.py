@@ -19,11 +19,12 @@ period time outside any operator (Python, scheduling) is reported as untraced.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,12 +131,35 @@ def _load(path: Path) -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise TraceError("trace attribution needs HolisticTraceAnalysis: pip install 'pytest-moeperf[trace]'") from exc
     logging.getLogger("hta").setLevel(logging.ERROR)  # HTA logs progress as warnings, to stdout
-    with warnings.catch_warnings():  # HTA 0.5 uses pandas APIs that pandas 3 deprecates: not ours to fix
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(), _wide_correlation(trace_mod):  # HTA 0.5 uses pandas APIs that pandas 3
+        warnings.simplefilter("ignore")  # deprecates: not ours to fix
         trace = trace_mod.Trace(trace_files={0: str(path.resolve())}, trace_dir=str(path.resolve().parent))
         trace.parse_traces(max_ranks=1, use_multiprocessing=False, use_memory_profiling=False)
         trace.decode_symbol_ids(use_shorten_name=False)
     return trace.get_trace(0)
+
+
+@contextlib.contextmanager
+def _wide_correlation(trace_mod: Any) -> Iterator[None]:
+    """HTA 0.5 links launches to kernels by writing row indices into a column it derives from ``correlation``, which
+    its parser has narrowed to the smallest integer type the ids fit: a trace of more than 32767 events whose ids
+    fit int16 (the Kimi-K2.5 rank's, on 1x H200) failed under pandas 3, which refuses the overflowing write
+    ("Invalid value ... for dtype 'int16'") where pandas 2 widened the column. Widen ``correlation`` first."""
+    original = getattr(trace_mod, "transform_correlation_to_index", None)
+    if original is None:  # another HTA: nothing to widen
+        yield
+        return
+
+    def widened(df: Any, *args: Any, **kwargs: Any) -> Any:
+        if "correlation" in df.columns:
+            df["correlation"] = df["correlation"].astype("int64")
+        return original(df, *args, **kwargs)
+
+    trace_mod.transform_correlation_to_index = widened
+    try:
+        yield
+    finally:
+        trace_mod.transform_correlation_to_index = original
 
 
 def decode_steps(df: Any, *, batch: int | None = None, cat: str = "user_annotation") -> list[StepPeriod]:

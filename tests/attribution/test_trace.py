@@ -3,6 +3,8 @@ the way vLLM's worker lays out its steps: one ``execute_context_â€¦_generation_â
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 from pathlib import Path
 
@@ -186,3 +188,30 @@ def test_real_h200_trace_cuda_graph_and_eager(batch: int, steps: int) -> None:
     assert a.component_us[cl.ROUTED] == 0.0
     assert a.component_us[cl.OTHER] < a.component_us[cl.DENSE]
     assert a.sum_error < 0.05 and 0.0 < a.idle_share_pct < 100.0
+
+
+def test_a_trace_of_more_rows_than_int16_with_ids_that_fit_it_is_read(tmp_path: Path) -> None:
+    """The Kimi-K2.5 rank's trace on 1x H200 failed in HTA under pandas 3 ("Invalid value ... for dtype 'int16'"):
+    HTA narrows ``correlation`` to the smallest type its ids fit and then writes row indices into a column derived
+    from it. The 2xH200 trace repeated 48 times (33,888 events, ids kept below 32767) reads as the trace itself."""
+    pytest.importorskip("hta")
+    doc = json.loads(gzip.decompress(H200_TRACE.read_bytes()))
+    timed = [e for e in doc["traceEvents"] if "ts" in e]
+    span = max(e["ts"] for e in timed) - min(e["ts"] for e in timed) + 1000
+    events = [e for e in doc["traceEvents"] if "ts" not in e]
+    for k in range(48):
+        for event in timed:
+            copy = {**event, "ts": event["ts"] + k * span}
+            args = dict(event.get("args") or {})
+            for name in ("correlation", "External id"):
+                if isinstance(args.get(name), int):
+                    args[name] = (args[name] + k * 300) % 30000 + 1  # distinct within a repeat, below int16's top
+            if args:
+                copy["args"] = args
+            events.append(copy)
+    assert len(events) > 32767
+    big = tmp_path / "repeated_rank0.pt.trace.json.gz"
+    big.write_bytes(gzip.compress(json.dumps({**doc, "traceEvents": events}).encode()))
+    one, many = attribute_trace(H200_TRACE, batch=8), attribute_trace(big, batch=8)
+    assert many.steps >= 48 * one.steps
+    assert many.step_us == pytest.approx(one.step_us, rel=0.01)
