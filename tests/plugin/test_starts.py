@@ -170,3 +170,37 @@ def test_a_start_that_cannot_end_before_the_deadline_is_not_begun_and_the_starts
     doc = json.loads((units.path / "report.json").read_text())["moeperf"]
     assert doc["tests"]["test_on_starts.py::test_window"].startswith("test skipped: --moeperf-deadline (round 2/3")
     assert any("its verdicts rest on 1 round(s)" in w for w in doc["warnings"])
+
+
+FAMILY = """
+import os, pytest
+
+@pytest.mark.start
+@pytest.mark.parametrize("case", ["a", "b", "c", "new"])
+def test_window(perf, case):
+    if case == "new" and not os.environ.get("WITH_NEW"):
+        pytest.skip("added later")
+    scale = float(os.environ.get("MOEPERF_TEST_SCALE", "1.0")) if case == "new" else 1.0
+    perf.record("tpot_ms", [2.0 * scale, 2.01 * scale, 1.99 * scale], unit="ms")
+"""
+
+
+def test_one_start_against_a_family_spread_is_not_a_verdict(units: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case with fewer than 3 stored runs is judged on its family's spread, learned from starts; one start beyond
+    it is one observation of the start-to-start noise (+39 % between two starts on 1x H200): INCONCLUSIVE, raise
+    --moeperf-starts; two starts that agree decide."""
+    Path(units.path / "test_on_starts.py").write_text(FAMILY)
+    assert run_moeperf("--moeperf-update", "--moeperf-starts", "3").ret == pytest.ExitCode.OK
+    monkeypatch.setenv("WITH_NEW", "1")
+    assert run_moeperf("--moeperf-update", "--moeperf-starts", "1", "-k", "new").ret == pytest.ExitCode.OK
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.5")
+    one = run_moeperf("--moeperf-starts", "1", "-k", "new")
+    assert one.ret == pytest.ExitCode.OK, one.stdout.str()
+    one.stdout.fnmatch_lines(["*test_window?new?::tpot_ms*+50.0 %*(family)*INCONCLUSIVE",
+                              "INCONCLUSIVE *test_window?new?::tpot_ms: one server start is worse than the threshold; "
+                              "against fewer than 3 stored runs a second server start must agree*raise "
+                              "--moeperf-starts*"])
+    two = run_moeperf("--moeperf-starts", "2", "-k", "new")
+    assert two.ret == pytest.ExitCode.TESTS_FAILED, two.stdout.str()
+    two.stdout.fnmatch_lines(["*test_window?new?::tpot_ms*+50.0 %*(family)*2*REGRESSED"])
