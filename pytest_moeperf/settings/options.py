@@ -140,7 +140,8 @@ OPTIONS: tuple[Option, ...] = (
            "(--moeperf-server-url, moeperf ab --serve), which have no profile of their own", "N", parse_positive,
            None),
     Option("deadline", "deadline_s", "wall-clock seconds from the session's start after which the remaining perf "
-           "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines",
+           "tests skip, so a batch with a fixed time slot still ends normally and writes its reports and baselines; "
+           "a child round or start that an earlier one shows cannot end before it is not begun",
            "SECONDS", parse_seconds, None),
     Option("strict", "strict", "INCONCLUSIVE and MISSING metrics (and a baseline from a machine of another "
            "fingerprint hash) fail the session", None, parse_bool, False),
