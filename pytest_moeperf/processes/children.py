@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.ledger import Ledger
-from pytest_moeperf.processes.termination import start_child, stop_child
+from pytest_moeperf.processes.termination import held_interrupts, start_child, stop_child
 from pytest_moeperf.reports.document import ledger_of
 
 #: the environment variable naming a file of node ids: a child session runs only those tests (the others are
@@ -64,18 +64,20 @@ def run_child(args: Sequence[str], cwd: Path, env: Mapping[str, str], python: st
     with tempfile.TemporaryDirectory(prefix="moeperf-child-") as tmp, tempfile.TemporaryFile(mode="w+") as err:
         report = Path(tmp) / "report.json"
         argv = pytest_command(python, args, report)
-        proc = start_child(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
-        out: list[str] = []
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                out.append(line)
-                if echo is not None and _PROGRESS.search(line):
-                    echo("    " + line.strip())
-            proc.wait()
-        except BaseException:
-            stop_child(proc)
-            raise
+        with held_interrupts() as release:  # a Ctrl-C during the fork is raised below, with the child known
+            proc = start_child(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
+            out: list[str] = []
+            try:
+                release()
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    out.append(line)
+                    if echo is not None and _PROGRESS.search(line):
+                        echo("    " + line.strip())
+                proc.wait()
+            except BaseException:
+                stop_child(proc)
+                raise
         err.seek(0)
         stderr = err.read()
         document: Mapping[str, Any] | None = None

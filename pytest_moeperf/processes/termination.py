@@ -37,8 +37,8 @@ from typing import IO, Any
 from pytest_moeperf.processes import tree
 from pytest_moeperf.processes.lifecycle import signal_session
 
-__all__ = ["CHILD_GRACE_S", "EXIT_TERMINATED", "Terminated", "after_interrupted_session", "die_with_parent",
-           "sigterm_interrupts", "start_child", "stop_child"]
+__all__ = ["CHILD_GRACE_S", "EXIT_TERMINATED", "INTERRUPTS", "Terminated", "after_interrupted_session",
+           "die_with_parent", "held_interrupts", "sigterm_interrupts", "start_child", "stop_child"]
 
 #: the exit status of a command SIGTERM ended (after it stopped its children and wrote what it could)
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -80,12 +80,41 @@ def die_with_parent(sig: signal.Signals = signal.SIGINT) -> Callable[[], None]:
 
     def preexec() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)  # blocked while the parent forked (`held_interrupts`)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the signal was set
             os._exit(EXIT_TERMINATED)
 
     return preexec
+
+
+#: the signals that interrupt a parent (Ctrl-C, and SIGTERM inside `sigterm_interrupts`)
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def held_interrupts() -> Iterator[Callable[[], None]]:
+    """While entered, SIGINT and SIGTERM wait (blocked); the ``release`` it yields lets a waiting one in, as
+    KeyboardInterrupt (or `Terminated`) where ``release`` is called; leaving releases too. A signal that arrives
+    while a child is forked would otherwise be raised inside logging's at-fork hook, where Python prints it as
+    "Exception ignored" and drops it: ``moeperf ab`` then ran on after a Ctrl-C and exited 1, not 130."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    try:
+        yield release
+    finally:
+        release()
 
 
 def start_child(argv: Sequence[str], *, cwd: str | Path | None, env: Mapping[str, str], stdout: int | IO[Any],

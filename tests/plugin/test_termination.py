@@ -123,3 +123,33 @@ def test_the_child_is_interrupted_once_and_tears_its_fixtures_down(tmp_path: Pat
         assert _wait_gone(pids, 5) == []
     finally:
         _cleanup(pids)
+
+
+HELD = """
+import os, signal, subprocess, sys
+from pytest_moeperf.processes.termination import held_interrupts, start_child
+seen = []
+with held_interrupts() as release:
+    os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C while the child is forked: it waits
+    child = start_child([sys.executable, "-c", "import time; time.sleep(30)"], cwd=None, env=dict(os.environ),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    blocked = next(line for line in open(f"/proc/{child.pid}/status") if line.startswith("SigBlk:"))
+    seen.append("held")
+    try:
+        release()
+        seen.append("not raised")
+    except KeyboardInterrupt:
+        seen.append("raised at release")
+child.kill()
+child.wait()
+print(seen, int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+"""
+
+
+def test_a_ctrl_c_during_a_fork_waits_and_is_raised_where_the_child_is_known() -> None:
+    """A SIGINT that arrived while ``moeperf ab`` forked a side was raised inside logging's at-fork hook, printed as
+    "Exception ignored" and lost: the run went on and exited 1, not 130. Now it waits until the child is started and
+    is raised there; the child itself does not inherit the blocked SIGINT."""
+    done = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['held', 'raised at release'] 0", done.stdout

@@ -36,16 +36,23 @@ def test_two_starts_are_two_servers_and_each_window_is_scored_on_its_plateau(  #
     startup = records[("test_startup", "startup_s")]
     first, second = (r["samples"][0] for r in startup["rounds"])
     assert first != second and min(first, second) > 5, "two starts of the server, each timed"
-    tpot = records[("test_closed_loop", "tpot_mean_ms")]
+    # the server's own TPOT: the client's is not recorded in a window whose stream reached it coalesced (two loaded
+    # cores; the window's context says so), the server's always is
+    tpot = records[("test_closed_loop", "engine_tpot_mean_ms")]
     assert [r["origin"] for r in tpot["rounds"]] == ["start 1/2", "start 2/2"]
     context = tpot["metric"]["context"]
+    client = records.get(("test_closed_loop", "tpot_mean_ms"))
+    client_starts = len(client["rounds"]) if client else 0
+    assert client_starts == 2 or "coalesced" in (pytester.path / "report.json").read_text(), client_starts
     # 37 requests at 4 clients: 29 on the plateau, 4 set aside at each end
     assert (context["ramp_requests"], context["plateau_requests"], context["drain_requests"]) == (4, 29, 4)
     assert context["engine_span"] == "plateau: after completion 4 to after completion 33 of 37"
-    assert 27 <= context["engine_requests"] <= 31, context["engine_requests"]  # the server counted that plateau
-    assert isinstance(context["tpot_client_server"], float) and isinstance(context["ttft_client_server"], float)
-    assert ("test_closed_loop", "engine_tpot_mean_ms") in records and ("test_closed_loop", "tpot_ms") in records
+    # the server counted that plateau: each edge's scrape answers while up to C = 4 requests in flight may finish
+    assert abs(context["engine_requests"] - 29) <= 4, context["engine_requests"]
+    assert isinstance(context["ttft_client_server"], float)
+    assert client_starts == 0 or isinstance(client["metric"]["context"]["tpot_client_server"], float)
     (stored,) = (pytester.path / "baselines").glob("*/test_serving.json")
     metrics = json.loads(stored.read_text())["metrics"]
     runs = {key.rsplit("::", 1)[-1]: len(entry["runs"]) for key, entry in metrics.items() if "c4" in key}
-    assert runs["tpot_mean_ms"] == 2 and runs["engine_tpot_mean_ms"] == 2, runs  # one stored run per start
+    assert runs["engine_tpot_mean_ms"] == 2, runs  # one stored run per start
+    assert runs.get("tpot_mean_ms", 0) == client_starts, runs
