@@ -100,7 +100,7 @@ class Children:
         left = self.deadline - time.time()
         earlier = self.took.get(tuple(only)) or [t for ts in self.took.values() for t in ts]
         need = max(earlier, default=0.0)
-        if left > need and left > 0:
+        if left > need:  # need >= 0: nothing left begins nothing
             return True
         why = (f"not begun: {left:.0f} s of --moeperf-deadline left, and a round of "
                f"{'these tests' if only else 'the session'} took {need:.0f} s" if left > 0 else
@@ -242,7 +242,6 @@ def _run(config: pytest.Config, state: Conclusion) -> int:
             if code is not None:
                 return code
         measured = unit_tests(state.ledger)
-        measured_starts = children.ran
         if starts > n and measured and children.ran == n:
             line(f"moeperf: {len(measured)} test(s) measure a start (--moeperf-starts {starts}): "
                  f"{starts - n} more round(s) of them")
@@ -254,9 +253,8 @@ def _run(config: pytest.Config, state: Conclusion) -> int:
                 code = children.run(child, measured)
                 if code is not None:
                     return code
-                measured_starts += 1
         judge_all(state)
-        starts_ended(state, measured, measured_starts)
+        starts_ended(state, measured, children.ran)  # every round run measured them: the starts they had
         code = children.confirm(skip=measured)
         if code is not None:
             return code

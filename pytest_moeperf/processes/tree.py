@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Proc", "become_subreaper", "descendants", "group_alive", "stop_descendants"]
+__all__ = ["Proc", "become_subreaper", "descendants", "stop_descendants"]
 
 PR_SET_CHILD_SUBREAPER = 36
 #: How long each of SIGTERM and SIGKILL is given before the next step.
@@ -76,18 +76,6 @@ def _table() -> dict[int, Proc]:
             if proc is not None:
                 table[proc.pid] = proc
     return table
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of the process group ``pgid`` is still alive: a zombie is not (where nothing reaps an
-    orphaned zombie, as in a container whose init does not, ``killpg(pgid, 0)`` finds the group for ever)."""
-    if not Path("/proc/self/stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    return any(p.pgid == pgid and p.alive for p in _table().values())
 
 
 def descendants(root: int | None = None) -> list[Proc]:

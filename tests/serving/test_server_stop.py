@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_moeperf.processes.tree import group_alive
+from pytest_moeperf.processes.lifecycle import leftover_processes
 
 
 def test_a_group_whose_only_process_is_a_zombie_is_not_alive() -> None:
@@ -23,14 +23,15 @@ def test_a_group_whose_only_process_is_a_zombie_is_not_alive() -> None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     os.killpg(proc.pid, 0)  # the group is still there for the kernel: a zombie leads it
-    assert not group_alive(proc.pid)
+    assert not leftover_processes([proc.pid])
     proc.wait()
 
 
 STOP = """
 import json, os, sys, time
 from pathlib import Path
-from pytest_moeperf.processes.tree import become_subreaper, group_alive
+from pytest_moeperf.processes.lifecycle import leftover_processes
+from pytest_moeperf.processes.tree import become_subreaper
 from pytest_moeperf.serving.lifecycle.server import LaunchedServer
 assert become_subreaper()  # orphans come here and are never reaped: as under an init that does not reap them
 child = (
@@ -48,7 +49,7 @@ server.stop(grace_s=1.0)
 took = time.monotonic() - began
 zombies = [p for p in Path("/proc").iterdir() if p.name.isdigit() and (p / "stat").exists()
            and (p / "stat").read_text().rsplit(")", 1)[1].split()[:3] == ["Z", str(os.getpid()), str(server.pid)]]
-print(json.dumps({"took": took, "alive": group_alive(server.pid), "zombies": len(zombies)}))
+print(json.dumps({"took": took, "alive": bool(leftover_processes([server.pid])), "zombies": len(zombies)}))
 """
 
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from pytest_moeperf.processes.tree import group_alive
+from pytest_moeperf.processes.lifecycle import leftover_processes
 from pytest_moeperf.serving.lifecycle.ports import ADDRESS_IN_USE, free_port, session_listens
 
 #: seconds between two looks at a starting server: a quarter second adds at most that to its time to healthy
@@ -171,9 +171,9 @@ class LaunchedServer:
                 deadline = time.monotonic() + wait
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=wait)
-                while group_alive(proc.pid) and time.monotonic() < deadline:
+                while leftover_processes([proc.pid]) and time.monotonic() < deadline:
                     time.sleep(0.2)
-                if not group_alive(proc.pid):
+                if not leftover_processes([proc.pid]):  # zombies aside: nothing may reap them
                     break
         if self._log is not None:
             self._log.close()
