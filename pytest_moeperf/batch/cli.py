@@ -25,6 +25,7 @@ from pytest_moeperf.batch.facts import FactsError, ask
 from pytest_moeperf.batch.runner import Batch
 from pytest_moeperf.batch.units import Context, run_unit
 from pytest_moeperf.processes import tree
+from pytest_moeperf.processes.children import CACHE_ENV
 from pytest_moeperf.settings.checks import at_least, describe, number_in
 
 __all__ = ["main_batch"]
@@ -87,7 +88,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="how long a run may go past its --moeperf-deadline to end the test in flight and write "
                        "its reports (default: 40 kernels, 180 serving, 60 attribution)")
     where.add_argument("--model-cache", type=Path, metavar="DIR",
-                       help="where attribution's generated models go (default: .moeperf/models under --root)")
+                       help="where attribution's generated models go (default: .moeperf/models under --root); the "
+                            "serving step's servers keep their generated models and vLLM's compile caches beside "
+                            "it, in its parent folder, so a later batch starts warm (unless MOEPERF_SERVE_CACHE is "
+                            "set)")
     where.add_argument("--profiles", type=Path, action="append", metavar="DIR",
                        help="serve profile directory for attribution (repeatable; default: moeperf serve's)")
     return p
@@ -155,12 +159,16 @@ def main_batch(argv: Sequence[str] | None = None) -> int:
         return 130
     units, notes = planning.plan(options, gpu_count=facts.gpu_count, vllm=facts.vllm is not None)
     out.mkdir(parents=True, exist_ok=True)
+    model_cache = (args.model_cache or root / ".moeperf" / "models").resolve()
+    # the serving step's pytest runs without a pytest cache (-p no:cacheprovider): its servers' generated models and
+    # compile caches go to a folder that outlives the batch, so the next batch's first start is a warm one
+    env.setdefault(CACHE_ENV, str(model_cache.parent))
     batch = Batch(out, root=root, env=env, deadline_s=args.deadline)
     budget_target = () if not args.budget_topology else (
         "--topology", args.budget_topology,
         *(("--allreduce-us", f"{args.budget_allreduce_us:g}") if args.budget_allreduce_us is not None else ()))
     ctx = Context(python=python, facts=facts, baselines=(args.baselines or root / "baselines").resolve(),
-                  model_cache=(args.model_cache or root / ".moeperf" / "models").resolve(),
+                  model_cache=model_cache,
                   profiles=tuple(p.resolve() for p in args.profiles or ()),
                   budget_args=("--model", args.budget_model, "--tp", str(args.budget_tp), "--batch",
                                str(args.budget_batch)), budget_target=budget_target)

@@ -17,6 +17,11 @@ The rule (stated in the README's "Verdicts" section):
      never (INCONCLUSIVE, cause ``too-few-runs`` / ``other-host``).
    When it does not agree, the verdict is INCONCLUSIVE; the reason says why and ``cause`` says whether more
    rounds can help.
+4. A gross change decides on any number of rounds, stored runs or hosts: every round median at least
+   `GROSS_FACTOR` (x2) worse (or better) than every stored run median, and by more than the stored runs' own
+   max/min ratio, is REGRESSED (IMPROVED) with cause ``gross`` where the rules above would stay INCONCLUSIVE for want
+   of rounds, runs or a spread between hosts. One server start is one round of a serving metric: without this a x10
+   regression on one start read INCONCLUSIVE and exited 0.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from pytest_moeperf.judging.stats import Summary
 from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference, Threshold
 
 ALPHA = 0.05
+#: a change decided on any evidence (rule 4): the largest start-to-start move measured in a server's own TPOT on
+#: 1x H200 was x1.49 (c=16, two starts), and the stored runs' own max/min ratio raises it where they spread wider
+GROSS_FACTOR = 2.0
 #: how a verdict inside a family that moved as a whole ends its reason (`shift.in_moved_families`)
 LIKELY_THE_MACHINE = "likely the machine"
 
@@ -49,6 +57,7 @@ class Cause:
     HEALTH = "health"  # the health gate tripped in every round
     WINDOW = "window"  # the test declared its window degenerate in every round
     STRICT = "strict"  # --moeperf-strict: a baseline recorded on a machine of another fingerprint hash
+    GROSS = "gross"  # not INCONCLUSIVE: a REGRESSED or IMPROVED decided by rule 4 on too little evidence for 3
     HELPED = frozenset({NOISE, DISAGREE, FEW_ROUNDS})
 
 
@@ -150,6 +159,18 @@ def _worse(better: str, reference: float, value: float) -> float:
     return change if better == "lower" else -change
 
 
+def gross_factor(better: str, sign: float, medians: Sequence[float], against: Sequence[float]) -> float | None:
+    """Rule 4: by how many times every round median is beyond every stored run median in the direction ``sign``
+    (+1: worse), when that is at least `GROSS_FACTOR` and more than the stored runs' own max/min; else None."""
+    values = [*medians, *against]
+    if not medians or not against or min(values) <= 0:
+        return None
+    up = (better == "lower") == (sign > 0)  # the change makes the value larger
+    factor = min(medians) / max(against) if up else min(against) / max(medians)
+    own = max(against) / min(against)
+    return factor if factor >= GROSS_FACTOR and factor > own else None
+
+
 def rounds_needed(stored_runs: int, alpha: float = ALPHA) -> int | None:
     """How many rounds a rank test against ``stored_runs`` run medians needs before it can give p below
     ``alpha`` (None: it never can, below 3 stored runs a verdict is not decided on ranks anyway)."""
@@ -191,12 +212,22 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
     worse = _worse(better, ref, estimate)
     if abs(worse) <= allowed or abs(estimate - ref) <= threshold.abs_tolerance:
         return verdict(Status.PASS, change)
-    if not bound.decisive:
-        cause = Cause.OTHER_HOST if reference.other_hosts is not None else Cause.TOO_FEW_RUNS
-        return verdict(Status.INCONCLUSIVE, change, bound.why_not, cause)
     sign = 1.0 if worse > 0 else -1.0
     status = Status.REGRESSED if sign > 0 else Status.IMPROVED
     word = "worse" if sign > 0 else "better"
+    factor = gross_factor(better, sign, medians, reference.run_medians)
+
+    def decided_gross(short: str) -> Verdict:
+        assert factor is not None
+        return verdict(status, change, f"{short}, but every round is {factor:.2f}x {word} than every stored run: "
+                       f"a gross change (at least x{GROSS_FACTOR:g} and beyond the runs' own range) needs no more",
+                       Cause.GROSS)
+
+    if not bound.decisive:
+        if factor is not None:
+            return decided_gross(bound.why_not)
+        cause = Cause.OTHER_HOST if reference.other_hosts is not None else Cause.TOO_FEW_RUNS
+        return verdict(Status.INCONCLUSIVE, change, bound.why_not, cause)
     beyond = sum(1 for m in medians if sign * _worse(better, ref, m) > allowed)
     if beyond < len(medians):
         return verdict(Status.INCONCLUSIVE, change, f"rounds disagree: {beyond} of {len(medians)} round medians "
@@ -207,6 +238,8 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
         # stored runs cannot reach p < 0.05; 4 can), and confirmation adds rounds until then
         needed = rounds_needed(runs) or len(medians) + 1
         if len(medians) < needed:
+            if factor is not None:
+                return decided_gross(f"{len(medians)} round(s) against {runs} stored runs cannot reach p < {ALPHA}")
             return verdict(Status.INCONCLUSIVE, change, f"every round is {word} than the threshold, but "
                            f"{len(medians)} round(s) against {runs} stored runs cannot reach p < {ALPHA}: "
                            f"{needed} rounds can", Cause.FEW_ROUNDS)
@@ -225,9 +258,13 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
     # nearest the reference is beyond the threshold too, so a lucky quarter of them cannot hide a change
     near = stats.quantile(pooled, 0.25 if (better == "lower") == (sign > 0) else 0.75)
     if sign * _worse(better, ref, near) <= allowed:
+        if factor is not None:
+            return decided_gross("a quarter of the samples are within the threshold")
         return verdict(Status.INCONCLUSIVE, change, f"too noisy to resolve {allowed * 100:.1f} %: a quarter of the "
                        f"samples are within the threshold (quartile {near:.4g}{' ' + unit if unit else ''})",
                        Cause.NOISE)
+    if factor is not None:  # decided either way; the cause says one round may decide it (`judge.Judge`)
+        return decided_gross(f"{bound.spread}; quartile rule")
     return verdict(status, change, f"{bound.spread}; quartile rule")
 
 

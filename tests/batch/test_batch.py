@@ -279,3 +279,37 @@ def test_a_run_whose_deadline_skipped_tests_is_cut_and_names_them(tmp_path: Path
     assert "suites/gemm/test_cases.py::test_case[1], suites/gemm/test_cases.py::test_case[2]" in detail
     assert "4 metric(s) MISSING" in detail
     assert "kernels: cut (" in (out / "summary.txt").read_text()
+
+
+CACHE_SUITE = """
+import os
+from pathlib import Path
+
+def test_case(perf):
+    cache = Path(os.environ["MOEPERF_SERVE_CACHE"])
+    seen = (cache / "compiled").exists()
+    (cache / "compiled").parent.mkdir(parents=True, exist_ok=True)
+    (cache / "compiled").touch()
+    with open(os.environ["MOEPERF_TEST_SEEN"], "a") as handle:
+        handle.write(f"{cache} {seen}\\n")
+    perf.record("time", [1.0, 1.1, 0.9], unit="us")
+"""
+
+
+def test_a_later_batch_finds_what_an_earlier_one_left_in_the_servers_cache(tmp_path: Path) -> None:
+    """Issue 28 item 1: the batch runs pytest without its cache (-p no:cacheprovider), and each session kept its
+    servers' compile caches in a temporary folder, so every `moeperf batch serving` began with a cold start."""
+    project, seen = tmp_path / "project", tmp_path / "seen.txt"
+    (project / "suites" / "gemm").mkdir(parents=True)
+    (project / "suites" / "allreduce").mkdir()
+    (project / "suites" / "gemm" / "test_cache.py").write_text(CACHE_SUITE)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if k != "MOEPERF_SERVE_CACHE"}
+    for i in range(2):
+        done = subprocess.run(_batch_argv("kernels", "--root", str(project), "--baselines", str(tmp_path / "bl"),
+                                          "--update", "--no-aa", "--out", str(tmp_path / f"out{i}"), "--",
+                                          "--moeperf-history", "off", "--moeperf-health", "off"),
+                              cwd=project, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S,
+                              env={**env, "MOEPERF_TEST_SEEN": str(seen)})
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert seen.read_text().splitlines() == [f"{project / '.moeperf'} False", f"{project / '.moeperf'} True"]

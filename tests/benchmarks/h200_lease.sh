@@ -5,13 +5,17 @@
 #   install  join the carried vLLM 0.26.0 parts (.vp1-.vp4, ../shared/tools/vllm-gpu-carry.sh) and the wheels in
 #            .whl (HolisticTraceAnalysis), install them into /tmp/site, compile their bytecode (16 cores, ~2 s)
 #   record   moeperf batch serving --update --no-aa: every TP=1 serving and spec-decode profile, its default
-#            number of starts (--moeperf-starts: 3 on a GPU), into baselines/1x-h200
-#   judge    moeperf batch serving: a later sitting judged against what is stored
+#            number of starts (--moeperf-starts: 3 on a GPU; those that fit LIMIT), into $BL (below); run it again
+#            to add starts: the servers' compile caches stay in .moeperf/ (git-ignored, kept between calls on a
+#            warm machine), so the later calls' starts are warm
+#   judge    moeperf batch serving: a later sitting judged against what is stored in $BL
 #   ab       moeperf ab --serve gpu-tiny-tp1-nospec, fresh starts a pair, head's TPOT and throughput samples x1.05
 #            (tests/benchmarks/moeperf_inject.py); the metrics it leaves alone are the run's own A/A
 #   kimi     scripts/gpu-kimi-rank.sh: the full-depth Kimi-K2.5 rank, 3 starts, windows, attribution, budget
 #
-# Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7).
+# Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7), BL (the baselines
+# record and judge use, default .moeperf/lease-baselines: a copy of baselines/ made by the first step that needs it,
+# git-ignored, so it lasts between the calls of one lease; the tracked baselines/ is sent afresh with every call).
 # The lease's steps are chained within ~30 s of each other (the machine goes back when idle), so each is one line.
 set -uo pipefail
 STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi}
@@ -20,6 +24,7 @@ ROOT=$PWD
 export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 W=/tmp/lease/$STEP; rm -rf "$W"; mkdir -p "$W"
+BL=${BL:-$ROOT/.moeperf/lease-baselines}
 moeperf() { python3 -m pytest_moeperf.cli "$@"; }
 pack() {  # the step's folder (and what else is named) as one file under $OUT
   tar czf "$OUT/$STEP.tgz" -C / "${W#/}" "$@" 2>/dev/null; ls -l "$OUT"
@@ -44,11 +49,13 @@ install)
   ;;
 record|judge)
   facts
-  args=(serving --deadline "$((LIMIT - 25))" --grace 30 --out "$W/batch")
+  [[ -d $BL ]] || { mkdir -p "$(dirname "$BL")" && cp -r "$ROOT/baselines" "$BL"; }
+  args=(serving --deadline "$((LIMIT - 25))" --grace 30 --baselines "$BL" --out "$W/batch")
   [[ $STEP == record ]] && args+=(--update --no-aa)
   timeout -s INT -k 20 "$LIMIT" python3 -m pytest_moeperf.cli batch "${args[@]}"
   echo "batch exit $?"
-  pack "${ROOT#/}/baselines/1x-h200"
+  du -sh "$ROOT/.moeperf"/* 2>/dev/null
+  pack "${BL#/}/1x-h200"
   ;;
 ab)
   facts

@@ -181,6 +181,7 @@ def test_window(perf, case):
     if case == "new" and not os.environ.get("WITH_NEW"):
         pytest.skip("added later")
     scale = float(os.environ.get("MOEPERF_TEST_SCALE", "1.0")) if case == "new" else 1.0
+    scale *= float(os.environ.get("MOEPERF_TEST_SCALE_ALL", "1.0"))
     perf.record("tpot_ms", [2.0 * scale, 2.01 * scale, 1.99 * scale], unit="ms")
 """
 
@@ -204,3 +205,23 @@ def test_one_start_against_a_family_spread_is_not_a_verdict(units: pytest.Pytest
     two = run_moeperf("--moeperf-starts", "2", "-k", "new")
     assert two.ret == pytest.ExitCode.TESTS_FAILED, two.stdout.str()
     two.stdout.fnmatch_lines(["*test_window?new?::tpot_ms*+50.0 %*(family)*2*REGRESSED"])
+
+
+def test_one_start_decides_a_gross_change(units: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The x10 hole: one server start is one round, and a x10 regression on it read INCONCLUSIVE (few-rounds)
+    against 3 stored runs, and against a family spread, and exited 0. x2 beyond every stored run decides."""
+    Path(units.path / "test_on_starts.py").write_text(FAMILY)
+    assert run_moeperf("--moeperf-update", "--moeperf-starts", "3").ret == pytest.ExitCode.OK
+    monkeypatch.setenv("WITH_NEW", "1")
+    assert run_moeperf("--moeperf-update", "--moeperf-starts", "1", "-k", "new").ret == pytest.ExitCode.OK
+    monkeypatch.setenv("MOEPERF_TEST_SCALE_ALL", "10")
+    one = run_moeperf("--moeperf-starts", "1")
+    assert one.ret == pytest.ExitCode.TESTS_FAILED, one.stdout.str()
+    one.stdout.fnmatch_lines(["*tpot_ms: baseline 2 ms (3 runs)*REGRESSED: 1 round(s) against 3 stored runs cannot "
+                              "reach p < 0.05, but every round is 10.00x worse than every stored run: a gross "
+                              "change*1 server start judged*"])
+    one.stdout.fnmatch_lines(["*tpot_ms: baseline 2 ms (1 run)*from its family*REGRESSED*every round is 10.00x "
+                              "worse than every stored run*"])
+    monkeypatch.setenv("MOEPERF_TEST_SCALE_ALL", "1.5")  # within x2: one start is not a verdict
+    assert run_moeperf("--moeperf-starts", "1").ret == pytest.ExitCode.OK

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_moeperf.judging import stats
 from pytest_moeperf.judging.thresholds import Reference, Threshold
-from pytest_moeperf.judging.verdict import Cause, Status, judge, rounds_needed
+from pytest_moeperf.judging.verdict import Cause, Status, gross_factor, judge, rounds_needed
 from pytest_moeperf.ledger import Measurement
 from pytest_moeperf.machine import topology
 from pytest_moeperf.store import baselines, files, trees
@@ -79,9 +79,10 @@ def test_verdict_is_direction_aware(better: str, scale: float, expected: Status)
     assert found.status is expected and found.noise_source == "family"
 
 
-@pytest.mark.parametrize("scale", [1.3, 0.7, 10.0])
+@pytest.mark.parametrize("scale", [1.3, 0.7, 1.9, 0.55])
 def test_too_few_runs_never_fire(scale: float) -> None:
-    """Fewer than 3 stored runs and no learned spread: a change beyond the threshold is INCONCLUSIVE, named."""
+    """Fewer than 3 stored runs and no learned spread: a change beyond the threshold, short of a gross one (x2), is
+    INCONCLUSIVE, named."""
     for reference in (ref(10.0), ref(10.0, 10.1)):
         found = judge("k", "m", "us", "lower", [[10.0 * scale] * 20] * 3, reference, Threshold())
         assert found.status is Status.INCONCLUSIVE and found.cause == Cause.TOO_FEW_RUNS
@@ -93,11 +94,38 @@ def test_three_runs_need_four_rounds_and_more_rounds_can_decide() -> None:
     """The fault sweep's hole: 3 rounds against 3 stored runs cannot reach p < 0.05; 4 can."""
     assert [rounds_needed(m) for m in (1, 2, 3, 4, 5, 19, 20)] == [20, 5, 4, 3, 2, 2, 1]
     runs = ref(100.0, 100.2, 99.9)
-    three = judge("k", "m", "us", "lower", [[1000.0] * 20] * 3, runs, Threshold())
+    three = judge("k", "m", "us", "lower", [[130.0] * 20] * 3, runs, Threshold())
     assert three.status is Status.INCONCLUSIVE and three.cause == Cause.FEW_ROUNDS and three.more_rounds_help
     assert "4 rounds can" in three.reason
-    four = judge("k", "m", "us", "lower", [[1000.0] * 20] * 4, runs, Threshold())
+    four = judge("k", "m", "us", "lower", [[130.0] * 20] * 4, runs, Threshold())
     assert four.status is Status.REGRESSED and "p = 0.029" in four.reason
+
+
+@pytest.mark.parametrize(("better", "scale", "expected"), [
+    ("lower", 10.0, Status.REGRESSED), ("higher", 0.1, Status.REGRESSED), ("lower", 0.45, Status.IMPROVED),
+    ("higher", 2.05, Status.IMPROVED)])
+@pytest.mark.parametrize("reference", [
+    ref(10.0), ref(10.0, 10.1), ref(10.0, 10.1, 9.9), learned(10.0),
+    Reference((10.0, 10.01, 9.99), other_hosts="1 other host")], ids=["1run", "2runs", "3runs", "family", "host"])
+def test_a_gross_change_decides_on_one_round(better: str, scale: float, expected: Status,
+                                              reference: Reference) -> None:
+    """Rule 4: one server start is one round; a x10 regression on it read INCONCLUSIVE (too few runs, too few
+    rounds for the rank test, another host's runs) and exited 0. At least x2 beyond every stored run decides."""
+    found = judge("k", "m", "us", better, [[10.0 * scale, 10.0 * scale * 1.01, 10.0 * scale * 0.99]], reference,
+                  Threshold())
+    assert found.status is expected and found.cause == Cause.GROSS, found.message()
+    assert "a gross change (at least x2 and beyond the runs' own range)" in found.reason
+
+
+def test_a_gross_change_must_clear_the_stored_runs_own_range() -> None:
+    """Stored TTFT means of 11.7, 44.7 and 50.0 ms (CPU, three starts): x2 beyond the worst is not enough when the
+    runs themselves spread x4.3; beyond that it is."""
+    wide = ref(11.7, 44.7, 50.0)
+    assert judge("k", "m", "ms", "lower", [[120.0] * 9], wide, Threshold()).cause == Cause.FEW_ROUNDS
+    assert judge("k", "m", "ms", "lower", [[220.0] * 9], wide, Threshold()).status is Status.REGRESSED
+    assert gross_factor("lower", 1.0, [220.0], [11.7, 44.7, 50.0]) == pytest.approx(4.4)
+    assert gross_factor("lower", 1.0, [220.0, 90.0], [11.7, 44.7, 50.0]) is None  # every round must be beyond
+    assert gross_factor("higher", 1.0, [0.0], [1.0]) is None  # no ratio to or from zero
 
 
 def test_another_hosts_baseline_needs_a_spread_between_hosts() -> None:
