@@ -307,6 +307,10 @@ class Ledger:
         if not self.tests.get(nodeid):
             self.tests[nodeid] = why
 
+    def ran_before(self, nodeid: str) -> bool:
+        """Whether an earlier round measured the test (a parent's ledger, after its children's merges)."""
+        return self.tests.get(nodeid) == "" and nodeid in self.tests
+
     def deadline_skipped(self) -> list[str]:
         """The tests ``--moeperf-deadline`` skipped (in any round), in the order they ran."""
         return [nodeid for nodeid, why in self.tests.items() if why.startswith(SKIPPED + DEADLINE_SKIP)]
@@ -315,12 +319,15 @@ class Ledger:
         if text not in self.warnings:
             self.warnings.append(text)
 
-    def merge(self, other: Ledger) -> None:
-        """Take everything another producer's ledger holds (a rounds child, an xdist worker, an A/B side)."""
+    def merge(self, other: Ledger, rounds: bool = False) -> None:
+        """Take everything another producer's ledger holds (a rounds child, an xdist worker, an A/B side). With
+        ``rounds`` (another round of the same tests) a test an earlier round measured stays measured: a later round
+        that skipped it (the deadline) leaves its verdicts on fewer rounds, which they say, not a test unmeasured."""
         for record in other.records.values():
             self.add(record)
         for nodeid, why in other.tests.items():
-            self.note_test(nodeid, why)
+            if not (rounds and self.ran_before(nodeid)):
+                self.note_test(nodeid, why)
         for key, verdict in other.missing.items():
             self.missing.setdefault(key, verdict)
         self.sections += [s for s in other.sections if s not in self.sections]

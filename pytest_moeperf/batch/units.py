@@ -97,7 +97,20 @@ def _pytest(batch: Batch, ctx: Context, run: PytestRun, share: float | None, res
     if left_out:  # not the whole selection: cut (a failed test stays "failed", the more urgent word)
         result.status = "failed" if result.status == "failed" else "cut"
         result.detail = f"{left_out}; {result.detail}"
+    fewer = rounds_not_begun(report)
+    if fewer:  # every test measured, on fewer rounds or starts than asked: said, not cut
+        result.detail = f"{fewer}; {result.detail}"
     result.outputs += [batch.output(p) for p in (log, report) if p.exists()]
+
+
+def rounds_not_begun(report: Path) -> str:
+    """The rounds or server starts ``--moeperf-deadline`` did not let begin, from the run's JSON report (its
+    warnings); "" when none or no readable report."""
+    try:
+        warnings = json.loads(report.read_text())["moeperf"].get("warnings", [])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    return "; ".join(w for w in warnings if isinstance(w, str) and " not begun: " in w)
 
 
 def deadline_gaps(report: Path) -> str:

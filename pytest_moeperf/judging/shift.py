@@ -208,7 +208,7 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family]) 
     """The IMPROVED and REGRESSED verdicts (by key) inside families that moved as a whole, as they now read: with
     the family's move in the reason; against other hosts' baselines (noise source ``hosts``) INCONCLUSIVE, cause
     ``other-host`` (seen on a fresh 1x H200: every gloo size +21 % against 3 other hosts whose spread allowed
-    5-8 %)."""
+    5-8 %), except a gross change (`verdict.gross_factor`), which stays decided."""
     changed = {}
     for family in (f for f in views if f.moved):
         note = (f"family {family.name} moved {family.median_change * 100:+.1f} % ({family.same_direction} of "
@@ -217,7 +217,7 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family]) 
             if (v.status not in (Status.IMPROVED, Status.REGRESSED) or v.name != family.name
                     or key.split("::")[0] != family.family):
                 continue
-            if v.noise_source == "hosts":
+            if v.noise_source == "hosts" and v.cause != Cause.GROSS:  # x2 beyond every run is no host's look
                 changed[key] = dataclasses.replace(
                     v, status=Status.INCONCLUSIVE, cause=Cause.OTHER_HOST,
                     reason=f"baseline from other hosts and its {note}: this host differs from theirs; record one here "

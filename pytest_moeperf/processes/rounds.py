@@ -93,8 +93,9 @@ class Children:
     def begins(self, child: Child, only: Sequence[str] = ()) -> bool:
         """Whether ``child`` can begin: under a deadline, not when a child of the same tests took longer than what
         is left of it (or nothing is left). A child cut by the batch's interrupt loses what every child measured
-        (nothing written); one not begun loses only itself. A child not begun says so, and its tests count as
-        skipped by the deadline (a batch reads the step as cut)."""
+        (nothing written); one not begun loses only itself. A child not begun says so (a warning: the verdicts
+        rest on fewer rounds); its tests that no earlier round measured count as skipped by the deadline (a batch
+        reads the step as cut)."""
         if self.deadline is None:
             return True
         left = self.deadline - time.time()
@@ -108,7 +109,8 @@ class Children:
         line(f"moeperf: round {child.label} {why}", red=True)
         ledger = self.state.ledger
         for test in only or list(ledger.tests):
-            ledger.note_test(test, f"{SKIPPED}{DEADLINE_SKIP}(round {child.label} {why})")
+            if not ledger.ran_before(test):
+                ledger.note_test(test, f"{SKIPPED}{DEADLINE_SKIP}(round {child.label} {why})")
         ledger.warn(f"round {child.label} {why}: its verdicts rest on {self.ran} round(s)")
         return False
 
@@ -152,7 +154,7 @@ class Children:
         extra = _relabel(done.ledger, child.origin)
         # a test's records join the records of its earlier rounds (a confirmation round brings only its tests)
         self.state.ledger.merge(extra if not only else Ledger(records=extra.records, tests=extra.tests,
-                                                               warnings=extra.warnings))
+                                                               warnings=extra.warnings), rounds=True)
         return None
 
     def confirm(self, skip: Collection[str] = ()) -> int | None:

@@ -313,3 +313,44 @@ def test_a_later_batch_finds_what_an_earlier_one_left_in_the_servers_cache(tmp_p
                               env={**env, "MOEPERF_TEST_SEEN": str(seen)})
         assert done.returncode == 0, done.stdout + done.stderr
     assert seen.read_text().splitlines() == [f"{project / '.moeperf'} False", f"{project / '.moeperf'} True"]
+
+
+STARTS_CONFTEST = """
+def pytest_moeperf_round_unit(config, item):
+    return "server start" if item.get_closest_marker("start") else None
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "start: the test measures a server start")
+"""
+STARTS_SUITE = """
+import time
+import pytest
+
+@pytest.mark.start
+def test_window(perf):
+    time.sleep(12)
+    perf.record("tpot_ms", [2.0, 2.01, 1.99], unit="ms")
+"""
+
+
+def test_a_start_the_deadline_did_not_let_begin_is_said_not_cut(tmp_path: Path) -> None:
+    """On 1x H200 a judged batch of 2 warm starts (of the 3 asked) measured every test and read 'cut', exit 1: the
+    start not begun counted its 23 tests as skipped by the deadline. A test measured on an earlier start was
+    measured: the step is ok and says that a start was not begun."""
+    project, out = tmp_path / "project", tmp_path / "out"
+    (project / "suites" / "gemm").mkdir(parents=True)
+    (project / "suites" / "allreduce").mkdir()
+    (project / "suites" / "gemm" / "conftest.py").write_text(STARTS_CONFTEST)
+    (project / "suites" / "gemm" / "test_window.py").write_text(STARTS_SUITE)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    # pytest's --moeperf-deadline: 62 - 30 = 32 s; a start takes 14 s (its child session, the 12 s test):
+    # start 3 is never begun (start 2 is, unless start 1 took more than half of the 32 s)
+    done = subprocess.run(_batch_argv("kernels", "--root", str(project), "--baselines", str(tmp_path / "bl"),
+                                      "--update", "--no-aa", "--deadline", "62", "--grace", "30", "--out", str(out),
+                                      "--", "--moeperf-starts", "3", "--moeperf-history", "off",
+                                      "--moeperf-health", "off"),
+                          cwd=project, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kernels = _steps(out)["kernels"]
+    assert kernels["status"] == "ok", kernels
+    assert "(start 3) not begun: " in str(kernels["detail"]) and "its verdicts rest on " in str(kernels["detail"])

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pytest_moeperf.judging.shift import family_views, shift_notes, shift_sections, sign_test_p
+from pytest_moeperf.judging.shift import family_views, in_moved_families, shift_notes, shift_sections, sign_test_p
 from pytest_moeperf.judging.stats import summarize
-from pytest_moeperf.judging.verdict import Status, Verdict
+from pytest_moeperf.judging.verdict import Cause, Status, Verdict
 
 
 def _verdict(case: str, change: float, *, name: str = "time", better: str = "lower", allowed: float = 0.05,
@@ -47,6 +47,22 @@ def test_a_family_that_moved_together_is_found_with_its_relative_outlier() -> No
     (line,) = shift_notes(views)
     assert "1 metric family moved together (test_gemm.py time -19.0 % (10 of 10))" in line
     assert "1 relative outlier(s)" in line
+
+
+def test_against_other_hosts_a_moved_family_is_inconclusive_unless_the_change_is_gross() -> None:
+    """A family that moved as a whole against other hosts' runs is what another host looks like (INCONCLUSIVE,
+    other-host); a x10 regression of every case is not: it stays REGRESSED."""
+    def hosts(case: str, change: float, cause: str = "") -> Verdict:
+        v = _verdict(case, change, status=Status.REGRESSED)
+        return Verdict(v.key, v.name, v.unit, v.better, v.status, v.current, v.round_medians, reference=1.0,
+                       runs=10, change=change, mde=0.05, noise_source="hosts", cause=cause)
+
+    plus = [hosts(f"c{i}", 0.21) for i in range(9)]
+    gross = [hosts(f"c{i}", 9.0, Cause.GROSS) for i in range(9)]
+    for verdicts, expected in ((plus, Status.INCONCLUSIVE), (gross, Status.REGRESSED)):
+        views = family_views(verdicts)
+        changed = in_moved_families({v.key: v for v in verdicts}, views)
+        assert {v.status for v in changed.values()} == {expected}
 
 
 def test_relative_thresholds_come_from_stored_runs_with_each_runs_family_move_divided_out() -> None:

@@ -168,7 +168,9 @@ def test_a_start_that_cannot_end_before_the_deadline_is_not_begun_and_the_starts
     assert sorted(r for _, r in calls(units)) == ["-", "1/3"]
     assert runs(units, "test_window::tpot_ms") == 1, "the start done is stored"
     doc = json.loads((units.path / "report.json").read_text())["moeperf"]
-    assert doc["tests"]["test_on_starts.py::test_window"].startswith("test skipped: --moeperf-deadline (round 2/3")
+    # start 1 measured the test: a start not begun leaves its verdicts on one start (said), not the test unmeasured
+    # (on 1x H200 a batch of 2 warm starts of 3 read 'cut', its 23 tests "skipped by the deadline")
+    assert doc["tests"]["test_on_starts.py::test_window"] == ""
     assert any("its verdicts rest on 1 round(s)" in w for w in doc["warnings"])
 
 
