@@ -217,7 +217,7 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family]) 
             if (v.status not in (Status.IMPROVED, Status.REGRESSED) or v.name != family.name
                     or key.split("::")[0] != family.family):
                 continue
-            if v.noise_source == "hosts" and v.cause != Cause.GROSS:  # x2 beyond every run is no host's look
+            if v.noise_source == "hosts" and v.cause != Cause.GROSS:  # x3 beyond every run is no host's look
                 changed[key] = dataclasses.replace(
                     v, status=Status.INCONCLUSIVE, cause=Cause.OTHER_HOST,
                     reason=f"baseline from other hosts and its {note}: this host differs from theirs; record one here "

@@ -296,7 +296,7 @@ def test_unhealthy_window_is_inconclusive_with_its_reasons(pytester: pytest.Pyte
                 item.stash[health_key] = {0: HealthReport(False, ("host: 1.8 foreign cores busy",), {"load": 3.5})}
             return (yield)
     """)
-    monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.5")  # x2 would be a gross change, decided by a healthy round
+    monkeypatch.setenv("MOEPERF_TEST_SCALE", "2.0")  # x3 would be a gross change, decided by a healthy round
     result = run_moeperf("--moeperf-report", "r.json", "-k", "test_latency")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["INCONCLUSIVE test_syn.py::test_latency::latency: health: host: 1.8 foreign cores*"])
