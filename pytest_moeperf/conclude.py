@@ -11,18 +11,26 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.judging.judge import Judge
-from pytest_moeperf.judging.shift import Family, family_views, in_moved_families, shift_notes, shift_sections
+from pytest_moeperf.judging.shift import (
+    Family,
+    family_views,
+    in_moved_families,
+    same_code,
+    shift_notes,
+    shift_sections,
+)
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
 from pytest_moeperf.machine import probe
-from pytest_moeperf.machine.provenance import git_commit_info
+from pytest_moeperf.machine.provenance import git_commit_info, perf_environment
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
 from pytest_moeperf.settings import Settings
@@ -166,12 +174,29 @@ class Conclusion:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
         verdicts = self.ledger.verdicts
         stored = self.store.run_medians(v.key for v in verdicts)
-        for key, verdict in in_moved_families({v.key: v for v in verdicts}, family_views(verdicts, stored)).items():
+        moved = {v.key: v for v in verdicts}
+        for key, verdict in in_moved_families(moved, family_views(verdicts, stored), self._same_code(moved)).items():
             self.ledger.decide(key, verdict)
         shifts = family_views(self.ledger.verdicts, stored)  # the same families, counting the verdicts as they read now
         self.ledger.sections += shift_sections(shifts)
         self.ledger.notes += shift_notes(shifts)
         return [f for f in shifts if f.moved]
+
+    def _same_code(self, verdicts: dict[str, Verdict]) -> set[str]:
+        """The keys of IMPROVED and REGRESSED verdicts whose stored runs are all of this run's code (`same_code`)."""
+        return {key for key, v in verdicts.items()
+                if v.status in (Status.IMPROVED, Status.REGRESSED) and self.of_this_code(key)}
+
+    def of_this_code(self, key: str) -> bool:
+        """Whether every stored run of ``key`` ran this run's code (`shift.same_code`): a family of such metrics that
+        moved as a whole can only be the machine, so its REGRESSED waits for the session's end like another
+        host's (`session`)."""
+        try:
+            entry = self.store.entry(key)
+        except BaselineError:
+            return False
+        return entry is not None and same_code(self.provenance(), entry.provenance,
+                                               [r.git_commit for r in entry.all_runs])
 
     def failing_regressions(self) -> list[Verdict]:
         """The REGRESSED verdicts that fail the session: all of them (those against other hosts' baselines fail only
@@ -226,7 +251,7 @@ class Conclusion:
         return {"date": _now(), "git_commit": self.commit["id"], "git_dirty": self.commit["dirty"],
                 "software": dict(self.topology.software), "driver": self.topology.driver_version,
                 "cuda": self.topology.cuda_version, "fingerprint_hash": self.fingerprint.hash, "host_id": self.host,
-                "boot_id": probe.boot_id()}
+                "boot_id": probe.boot_id(), "env": perf_environment(os.environ)}
 
     def machine_info(self) -> dict[str, Any]:
         info = document.base_machine_info()

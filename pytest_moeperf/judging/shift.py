@@ -17,23 +17,28 @@ every suite 10-24 % faster (GEMM ``time`` median -18.3 % over 26 of 26 cases, gl
 A family counts as moved when an exact two-sided sign test over its cases rejects "no common direction" at
 ``ALPHA`` and the median change is at least ``MIN_SHIFT``. Families of fewer than ``MIN_CASES`` cases are not
 looked at (their median is no estimate of the box). The view changes no verdict on this host's baselines (an
-IMPROVED or REGRESSED inside a moved family says "likely the machine"); against other hosts' baselines a family that
-moved as a whole is what another host looks like, so its verdicts there are INCONCLUSIVE (`in_moved_families`).
+IMPROVED or REGRESSED inside a moved family says "likely the machine"), unless every stored run of the metric is of
+this run's code (`same_code`: one commit, a clean tree, the same software, driver and environment): then only the
+machine can have moved it, and the verdict is INCONCLUSIVE with cause ``machine`` (seen in a same-box CPU A/A: the
+whole GEMM family +8.8 %, 16 of 16 cases, every round healthy, and one case REGRESSED at p = 0.012). A gross change
+stays decided. Against other hosts' baselines a family that moved as a whole is what another host looks like, so its
+verdicts there are INCONCLUSIVE (`in_moved_families`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_moeperf.judging import stats
 from pytest_moeperf.judging.verdict import LIKELY_THE_MACHINE, Cause, Status, Verdict
 from pytest_moeperf.ledger import Section
 
 __all__ = ["ALPHA", "MIN_CASES", "MIN_SHIFT", "Family", "Outlier", "StoredRuns", "family_views", "shift_notes",
-           "in_moved_families", "shift_sections", "sign_test_p"]
+           "in_moved_families", "same_code", "shift_sections", "sign_test_p"]
 
 ALPHA = 0.01  # several families per session: at 0.01 a family needs >= 8 cases all one way
 MIN_CASES = 8
@@ -204,11 +209,28 @@ def shift_notes(views: Sequence[Family]) -> list[str]:
             f"({named}{more}){flagged}; {outliers} relative outlier(s); see 'Machine shift' in the report"]
 
 
-def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family]) -> dict[str, Verdict]:
+#: what must be equal between this run's provenance and a stored update's for the two to run the same code
+SAME_CODE_FIELDS = ("software", "driver", "cuda", "env")
+
+
+def same_code(now: Mapping[str, Any], stored: Mapping[str, Any], run_commits: Sequence[str | None]) -> bool:
+    """Whether a metric's stored runs (their commits ``run_commits``, the last update's provenance ``stored``) ran
+    the code this run (provenance ``now``) runs: one known commit, a clean tree both times, and the same software
+    versions, driver, CUDA and perf environment (`machine.provenance.perf_environment`; a baseline written before
+    it was kept is not known to match)."""
+    commit = now.get("git_commit")
+    return (bool(commit) and now.get("git_dirty") is False and stored.get("git_dirty") is False
+            and bool(run_commits) and all(c == commit for c in run_commits)
+            and all(f in stored and stored[f] == now.get(f) for f in SAME_CODE_FIELDS))
+
+
+def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family],
+                      same: Collection[str] = ()) -> dict[str, Verdict]:
     """The IMPROVED and REGRESSED verdicts (by key) inside families that moved as a whole, as they now read: with
     the family's move in the reason; against other hosts' baselines (noise source ``hosts``) INCONCLUSIVE, cause
     ``other-host`` (seen on a fresh 1x H200: every gloo size +21 % against 3 other hosts whose spread allowed
-    5-8 %), except a gross change (`verdict.gross_factor`), which stays decided."""
+    5-8 %); on this host's runs of this run's code (``same``: keys, `same_code`) INCONCLUSIVE, cause ``machine``;
+    a gross change (`verdict.gross_factor`) stays decided."""
     changed = {}
     for family in (f for f in views if f.moved):
         note = (f"family {family.name} moved {family.median_change * 100:+.1f} % ({family.same_direction} of "
@@ -217,11 +239,18 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family]) 
             if (v.status not in (Status.IMPROVED, Status.REGRESSED) or v.name != family.name
                     or key.split("::")[0] != family.family):
                 continue
-            if v.noise_source == "hosts" and v.cause != Cause.GROSS:  # x3 beyond every run is no host's look
+            if v.cause == Cause.GROSS:  # x3 beyond every run: no host's look, no machine's move
+                changed[key] = dataclasses.replace(v, reason=f"{v.reason}; {note}")
+            elif v.noise_source == "hosts":
                 changed[key] = dataclasses.replace(
                     v, status=Status.INCONCLUSIVE, cause=Cause.OTHER_HOST,
                     reason=f"baseline from other hosts and its {note}: this host differs from theirs; record one here "
                            "with --moeperf-update (--moeperf-rounds 3 in 2 sittings)")
+            elif key in same:
+                changed[key] = dataclasses.replace(
+                    v, status=Status.INCONCLUSIVE, cause=Cause.MACHINE,
+                    reason=f"{v.reason}; {note}, and every stored run is of this run's commit, software and "
+                           "environment: the machine moved, not the code (run again on a settled machine)")
             else:
                 changed[key] = dataclasses.replace(v, reason="; ".join([*([v.reason] if v.reason else []),
                                                                         f"{note}: {LIKELY_THE_MACHINE}"]))

@@ -59,6 +59,7 @@ class Cause:
     WINDOW = "window"  # the test declared its window degenerate in every round
     STRICT = "strict"  # --moeperf-strict: a baseline recorded on a machine of another fingerprint hash
     GROSS = "gross"  # not INCONCLUSIVE: a REGRESSED or IMPROVED decided by rule 4 on too little evidence for 3
+    MACHINE = "machine"  # its family moved as a whole, and every stored run is of this run's code: the machine moved
     HELPED = frozenset({NOISE, DISAGREE, FEW_ROUNDS})
 
 

@@ -1,11 +1,23 @@
-"""Where a session's numbers come from besides the machine: the git commit and branch of the project measured."""
+"""Where a session's numbers come from besides the machine: the git commit and branch of the project measured, and
+the environment variables that change what the code does."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+#: environment variables that change what the measured code does (collectives, vLLM, CUDA, torch, the CPU's
+#: threading and BLAS, Triton; the test-only injection plugin): a run with other values ran other code
+PERF_ENV_PREFIXES = ("NCCL_", "VLLM_", "CUDA_", "TORCH_", "PYTORCH_", "TRITON_", "NVIDIA_", "OMP_", "KMP_", "GOMP_",
+                     "MKL_", "ONEDNN_", "DNNL_", "OPENBLAS_", "MOEPERF_INJECT")
+
+
+def perf_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that can change the numbers (`PERF_ENV_PREFIXES`), less cache locations."""
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(PERF_ENV_PREFIXES) and "CACHE" not in k}
 
 
 def git_commit_info(root: Path) -> dict[str, Any]:

@@ -129,3 +129,45 @@ def test_a_session_on_a_faster_machine_reports_the_shift_and_keeps_its_verdicts(
     verdicts = {r["verdict"]["key"].split("::")[1]: r["verdict"] for r in doc["moeperf"]["records"]}
     assert verdicts["test_kernel[9]"]["status"] == "PASS" and verdicts["test_kernel[0]"]["status"] == "IMPROVED"
     assert "family time moved -20.0 % (10 of 10 cases): likely the machine" in verdicts["test_kernel[0]"]["reason"]
+
+
+def _git(pytester: pytest.Pytester, *args: str) -> None:
+    import subprocess
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=pytester.path, check=True,
+                   capture_output=True)
+
+
+def test_a_family_that_moved_as_a_whole_on_the_code_of_every_stored_run_is_the_machine(  # type: ignore[no-untyped-def]
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30 item 15: a same-box A/A (one commit) flagged a case REGRESSED while its whole family moved +8.8 %:
+    the machine, since nothing else changed. At the commit, software and environment of every stored run a moved
+    family's verdicts are INCONCLUSIVE (machine); at another commit, or with a dirty tree, they stand."""
+    pytester.makepyfile(test_cases=CASES)
+    _git(pytester, "init", "-q")
+    _git(pytester, "add", "test_cases.py")
+    _git(pytester, "commit", "-q", "-m", "cases")
+    for _ in range(3):
+        run_moeperf("--moeperf-update", "--moeperf-health", "off").assert_outcomes(passed=10)
+    monkeypatch.setenv("SCALE", "1.2")  # every case 20 % slower: what the VM did, code unchanged
+    same = run_moeperf("--moeperf-health", "off", "--moeperf-history", "off")
+    assert same.ret == pytest.ExitCode.OK, same.stdout.str()
+    same.stdout.fnmatch_lines(["INCONCLUSIVE test_cases.py::test_kernel?0?::time:*family time moved +20.0 % (10 of 10 "
+                               "cases), and every stored run is of this run's commit, software and environment: the "
+                               "machine moved, not the code*"])
+    monkeypatch.setenv("SCALE", "1.0")
+    monkeypatch.setenv("SCALE_9", "1.5")  # one case alone, same code: no family moved, its REGRESSED fails the session
+    alone = run_moeperf("--moeperf-health", "off", "--moeperf-history", "off")
+    assert alone.ret == pytest.ExitCode.TESTS_FAILED, alone.stdout.str()
+    alone.stdout.fnmatch_lines(["*test_kernel?9?::time*+50.0 %*REGRESSED*"])
+    monkeypatch.delenv("SCALE_9")
+    monkeypatch.setenv("SCALE", "1.2")
+    pytester.makefile(".txt", notes="another commit")
+    _git(pytester, "add", "notes.txt")
+    _git(pytester, "commit", "-q", "-m", "notes")
+    other = run_moeperf("--moeperf-health", "off", "--moeperf-history", "off")
+    assert other.ret == pytest.ExitCode.TESTS_FAILED, other.stdout.str()
+    other.stdout.fnmatch_lines(["moeperf: machine shift: 1 metric family moved together (test_cases.py time +20.0 % "
+                                "(10 of 10)); 0 IMPROVED and 10 REGRESSED verdicts are in them*"])
+    monkeypatch.setenv("MOEPERF_INJECT", "anything")  # another environment, the commit of the runs: not the same code
+    _git(pytester, "reset", "-q", "--hard", "HEAD~1")
+    assert run_moeperf("--moeperf-health", "off", "--moeperf-history", "off").ret == pytest.ExitCode.TESTS_FAILED
