@@ -343,8 +343,8 @@ def test_a_start_the_deadline_did_not_let_begin_is_said_not_cut(tmp_path: Path) 
     (project / "suites" / "gemm" / "conftest.py").write_text(STARTS_CONFTEST)
     (project / "suites" / "gemm" / "test_window.py").write_text(STARTS_SUITE)
     (project / "pytest.ini").write_text("[pytest]\n")
-    # pytest's --moeperf-deadline: 62 - 30 = 32 s; a start takes 14 s (its child session, the 12 s test):
-    # start 3 is never begun (start 2 is, unless start 1 took more than half of the 32 s)
+    # pytest's --moeperf-deadline: 62 - 30 = 32 s; a start takes 14 s or more (its child session, the 12 s test):
+    # start 3 is never begun, start 2 only when start 1 left it time (a busy box: not)
     done = subprocess.run(_batch_argv("kernels", "--root", str(project), "--baselines", str(tmp_path / "bl"),
                                       "--update", "--no-aa", "--deadline", "62", "--grace", "30", "--out", str(out),
                                       "--", "--moeperf-starts", "3", "--moeperf-history", "off",
@@ -353,4 +353,4 @@ def test_a_start_the_deadline_did_not_let_begin_is_said_not_cut(tmp_path: Path) 
     assert done.returncode == 0, done.stdout + done.stderr
     kernels = _steps(out)["kernels"]
     assert kernels["status"] == "ok", kernels
-    assert "(start 3) not begun: " in str(kernels["detail"]) and "its verdicts rest on " in str(kernels["detail"])
+    assert " not begun: " in str(kernels["detail"]) and "its verdicts rest on " in str(kernels["detail"])
