@@ -14,7 +14,7 @@ import pytest
 from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.judging.judge import MetricChanged, budget_ended, settled
 from pytest_moeperf.judging.thresholds import Threshold, ThresholdError, resolve_threshold
-from pytest_moeperf.judging.verdict import Cause, Status, Verdict
+from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Record, Round, records_of
 from pytest_moeperf.machine.markers import threshold_marker
 from pytest_moeperf.perf import Perf
@@ -102,8 +102,7 @@ class MoePerfSession(Conclusion):
                 continue
             records.append(Record(record.metric, record.rounds, record.threshold, verdict))
             lines.append(verdict.message())
-            if verdict.status is Status.REGRESSED and not verdict.provisional and (
-                    verdict.cause == Cause.GROSS or not self.of_this_code(record.key)):  # else: the session's end
+            if self.fails_its_test(record.key, verdict):
                 changes = software_changes(self.judge.store.entry(record.key), self.topology.software)
                 regressed.append(verdict.message() + (f"\n  {changes}" if changes else ""))
         payload = json.dumps([r.to_json() for r in records], separators=(",", ":"), sort_keys=True)
