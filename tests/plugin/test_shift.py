@@ -49,6 +49,7 @@ def test_a_family_that_moved_together_is_found_with_its_relative_outlier() -> No
     assert "1 relative outlier(s)" in line
 
 
+@pytest.mark.skip(reason="the gross rule is off (GROSS_FACTOR inf): false REGRESSED on a cold clean-clone CI")
 def test_against_other_hosts_a_moved_family_is_inconclusive_unless_the_change_is_gross() -> None:
     """A family that moved as a whole against other hosts' runs is what another host looks like (INCONCLUSIVE,
     other-host); a x10 regression of every case is not: it stays REGRESSED."""

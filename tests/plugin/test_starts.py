@@ -209,6 +209,7 @@ def test_one_start_against_a_family_spread_is_not_a_verdict(units: pytest.Pytest
     two.stdout.fnmatch_lines(["*test_window?new?::tpot_ms*+50.0 %*(family)*2*REGRESSED"])
 
 
+@pytest.mark.skip(reason="the gross rule is off (GROSS_FACTOR inf): false REGRESSED on a cold clean-clone CI")
 def test_one_start_decides_a_gross_change(units: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The x10 hole: one server start is one round, and a x10 regression on it read INCONCLUSIVE (few-rounds)

@@ -101,6 +101,7 @@ def test_three_runs_need_four_rounds_and_more_rounds_can_decide() -> None:
     assert four.status is Status.REGRESSED and "p = 0.029" in four.reason
 
 
+@pytest.mark.skip(reason="the gross rule is off (GROSS_FACTOR inf): false REGRESSED on a cold clean-clone CI")
 @pytest.mark.parametrize(("better", "scale", "expected"), [
     ("lower", 10.0, Status.REGRESSED), ("higher", 0.1, Status.REGRESSED), ("lower", 0.3, Status.IMPROVED),
     ("higher", 3.1, Status.IMPROVED)])
@@ -117,6 +118,7 @@ def test_a_gross_change_decides_on_one_round(better: str, scale: float, expected
     assert "a gross change (at least x3 and beyond the runs' own range)" in found.reason
 
 
+@pytest.mark.skip(reason="the gross rule is off (GROSS_FACTOR inf): false REGRESSED on a cold clean-clone CI")
 def test_a_gross_change_must_clear_the_stored_runs_own_range() -> None:
     """Stored TTFT means of 11.7, 44.7 and 50.0 ms (CPU, three starts): x3 beyond the worst is not enough when the
     runs themselves spread x4.3; beyond that it is."""
