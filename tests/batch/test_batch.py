@@ -17,6 +17,7 @@ import pytest
 
 from pytest_moeperf.batch.plan import Attribution, Budget, Options, PytestRun, plan
 from pytest_moeperf.batch.runner import Batch
+from tests.plugin.test_starts import CONFTEST
 
 ROOT = Path(__file__).parents[2]
 #: generous: a batch starts pytest (and torch) several times; each test ends as soon as its batch does
@@ -315,13 +316,7 @@ def test_a_later_batch_finds_what_an_earlier_one_left_in_the_servers_cache(tmp_p
     assert seen.read_text().splitlines() == [f"{project / '.moeperf'} False", f"{project / '.moeperf'} True"]
 
 
-STARTS_CONFTEST = """
-def pytest_moeperf_round_unit(config, item):
-    return "server start" if item.get_closest_marker("start") else None
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "start: the test measures a server start")
-"""
+STARTS_CONFTEST = CONFTEST  # the start marker and its round unit, as tests/plugin/test_starts.py declares them
 STARTS_SUITE = """
 import time
 import pytest
