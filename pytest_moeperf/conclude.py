@@ -195,8 +195,13 @@ class Conclusion:
             entry = self.store.entry(key)
         except BaselineError:
             return False
-        return entry is not None and same_code(self.provenance(), entry.provenance,
+        return entry is not None and same_code(self._code_now, entry.provenance,
                                                [r.git_commit for r in entry.all_runs])
+
+    @functools.cached_property
+    def _code_now(self) -> dict[str, Any]:
+        """This run's provenance, once a session (`same_code` reads its commit, software and environment)."""
+        return self.provenance()
 
     def fails_its_test(self, key: str, verdict: Verdict) -> bool:
         """Whether a REGRESSED fails its test at once; one against other hosts' runs, or against runs of this very
