@@ -207,8 +207,8 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
         return dataclasses.replace(known, status=status, change=change, reason=reason, cause=cause)
 
     if ref == 0:
-        if estimate == 0:
-            return verdict(Status.PASS, 0.0)
+        if abs(estimate) <= threshold.abs_tolerance:  # a relative change from 0 is undefined; an absolute one is not
+            return verdict(Status.PASS, 0.0 if estimate == 0 else None)
         return verdict(Status.INCONCLUSIVE, None, "baseline median is 0: unusable, a relative change from 0 is "
                        "undefined (re-record it, or judge this metric with abs_tolerance on a non-zero unit)",
                        Cause.ZERO_BASELINE)

@@ -200,6 +200,11 @@ def test_absolute_tolerance_and_zero_baselines() -> None:
     assert zero.status is Status.PASS
     unusable = judge("k", "m", "GB/s", "higher", [[5.0]], ref(0.0), Threshold())
     assert unusable.status is Status.INCONCLUSIVE and "baseline median is 0" in unusable.reason
+    # a 0 baseline with an absolute tolerance (a start-up phase stamped to the second): within it is PASS
+    within = judge("k", "startup_model_config_s", "s", "lower", [[1.0]], ref(0.0), Threshold(0.05, 2.0))
+    assert within.status is Status.PASS and within.change is None
+    beyond = judge("k", "startup_model_config_s", "s", "lower", [[9.0]], ref(0.0), Threshold(0.05, 2.0))
+    assert beyond.status is Status.INCONCLUSIVE and beyond.cause == Cause.ZERO_BASELINE
 
 
 def test_verdict_round_trips_and_new_has_no_baseline() -> None:
