@@ -5,7 +5,8 @@ For work against a server the suites did not start: ``moeperf attribute --url`` 
 the server writes torch profiler traces), ``python -m pytest_moeperf.serving.crosscheck``, attach mode
 (``--moeperf-server-url``), or ``vllm bench serve``. ``--interconnect-emulation`` starts it under an NCCL
 emulation (``emulation.py``) with the same refusal rules as the pytest option. vLLM's compile caches go beside
-the model cache (``.moeperf/vllm-cache``), so a repeat start reuses them.
+the model cache (``.moeperf/vllm-cache``), so a repeat start reuses them, as do the suites' starts under
+``moeperf batch`` or ``MOEPERF_SERVE_CACHE=.moeperf`` (`lifecycle.caches.MODELS_DIR`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from pytest_moeperf.serving.lifecycle.caches import COMPILED_DIR, MODELS_DIR
 from pytest_moeperf.serving.models.profiles import DEFAULT_DIR as DEFAULT_PROFILES
 from pytest_moeperf.settings.checks import describe, number_in, output_path
 
@@ -37,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="turn vLLM's torch profiler on, writing worker traces to DIR (for moeperf attribute)")
     p.add_argument("--interconnect-emulation", choices=names(), default=None,
                    help="start the server under this NCCL interconnect emulation")
-    p.add_argument("--model-cache", metavar="DIR", type=Path, default=Path(".moeperf/models"),
+    p.add_argument("--model-cache", metavar="DIR", type=Path, default=Path(".moeperf") / MODELS_DIR,
                    help="where generated models are written (default: %(default)s)")
     p.add_argument("--log-dir", metavar="DIR", type=Path, default=Path(".moeperf/logs"),
                    help="the server's log goes here (default: %(default)s)")
@@ -96,7 +98,7 @@ def main_serve(argv: Sequence[str] | None = None) -> int:
     profile = dataclasses.replace(profile, env=env, vllm_args=(*profile.vllm_args, *extra))
     pool = ServerPool({profile.name: profile}, timeout_s=args.timeout, gpu_count=topology.gpu_count,
                       model_cache=args.model_cache.resolve(), log_dir=args.log_dir,
-                      compile_cache=args.model_cache.resolve().parent / "vllm-cache",
+                      compile_cache=args.model_cache.resolve().parent / COMPILED_DIR,
                       gpu_cpus=gpu_local_cpus(topology))
     stop, launched = threading.Event(), threading.Event()
 

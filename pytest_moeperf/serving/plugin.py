@@ -42,6 +42,7 @@ from pytest_moeperf.serving.analysis.metrics import percentile
 from pytest_moeperf.serving.analysis.specdecode import CandidateRow, comparison_table
 from pytest_moeperf.serving.analysis.tails import LOW, judge_tail
 from pytest_moeperf.serving.lifecycle.attach import AttachError, attached_profiles
+from pytest_moeperf.serving.lifecycle.caches import COMPILED_DIR, MODELS_DIR
 from pytest_moeperf.serving.lifecycle.pool import Adopt, ServerPool, ServeSkip, Watch, parallel_starts
 from pytest_moeperf.serving.lifecycle.served import Served
 from pytest_moeperf.serving.lifecycle.server import ServerDied, ServerStartError
@@ -182,17 +183,17 @@ def serve(
     cache = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider
     shared = os.environ.get(CACHE_ENV)  # a parent's, for its children's starts (`processes.children.CACHE_ENV`)
 
-    def folder(name: str) -> Path:
+    def folder(name: str, shared_name: str) -> Path:
         if cache is not None:
             return Path(cache.mkdir(name))
-        if shared:
-            (Path(shared) / name).mkdir(parents=True, exist_ok=True)
-            return Path(shared) / name
+        if shared:  # a root `moeperf serve` shares too (`lifecycle.caches.MODELS_DIR`)
+            (Path(shared) / shared_name).mkdir(parents=True, exist_ok=True)
+            return Path(shared) / shared_name
         return tmp_path_factory.mktemp(name)
 
-    model_cache = folder("moeperf-models")
+    model_cache = folder("moeperf-models", MODELS_DIR)
     # vLLM's compile caches and bytecode between sessions: beside the models (`lifecycle.caches`)
-    compile_cache = folder("moeperf-vllm")
+    compile_cache = folder("moeperf-vllm", COMPILED_DIR)
     pool = ServerPool(
         serve_profiles,
         timeout_s=moeperf_settings.server_timeout_s,

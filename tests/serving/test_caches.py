@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pytest_moeperf.serving.lifecycle.caches import bytecode_plan, cache_env, precompile
+from pytest_moeperf.serving import cli as serve_cli
+from pytest_moeperf.serving.lifecycle.caches import COMPILED_DIR, bytecode_plan, cache_env, precompile
 from pytest_moeperf.serving.lifecycle.starts import StartKit
 from pytest_moeperf.serving.models.profiles import ServeProfile
 
@@ -77,3 +78,25 @@ def test_the_users_prefix_wins(tmp_path: Path) -> None:
     plan = bytecode_plan(package, tmp_path / "pycache", {"PYTHONPYCACHEPREFIX": str(tmp_path / "mine"),
                                                          "PYTHONDONTWRITEBYTECODE": "1"})
     assert plan.env == {} and plan.marker is not None and (tmp_path / "mine") in plan.marker.parents
+
+
+SHARED_ROOT = """
+from pathlib import Path
+
+def test_where(serve):
+    pool = serve.pool
+    Path({out!r}).write_text(f"{{pool.model_cache}}\\n{{pool.kit.root.parent}}\\n")
+"""
+
+
+def test_a_shared_cache_root_is_the_one_moeperf_serve_uses(pytester, run_moeperf, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A suite's start under ``MOEPERF_SERVE_CACHE`` (``moeperf batch``, or set by hand) and ``moeperf serve`` keep
+    models and compile caches in the same folders of ``.moeperf``: on 1x H200 the Kimi rank's ``moeperf serve``
+    started warm (64 s) while the suite's start after it compiled everything again (129 s)."""
+    root, out = pytester.path / ".moeperf", pytester.path / "where.txt"
+    monkeypatch.setenv("MOEPERF_SERVE_CACHE", str(root))
+    pytester.makepyfile(test_where=SHARED_ROOT.format(out=str(out)))
+    run_moeperf().assert_outcomes(passed=1)  # without pytest's cache (-p no:cacheprovider), as a batch runs it
+    serve_models = serve_cli._parser().parse_args(["tiny"]).model_cache  # moeperf serve's default: .moeperf/models
+    assert serve_models.parent == Path(".moeperf")
+    assert out.read_text().splitlines() == [str(root / serve_models.name), str(root / COMPILED_DIR)]

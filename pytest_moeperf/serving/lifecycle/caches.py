@@ -30,8 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COMPILE_CACHE_VARS", "Bytecode", "bytecode_plan", "cache_env", "precompile", "vllm_package_dir",
-           "vllm_version"]
+__all__ = ["COMPILED_DIR", "COMPILE_CACHE_VARS", "MODELS_DIR", "Bytecode", "bytecode_plan", "cache_env", "precompile",
+           "vllm_package_dir", "vllm_version"]
+
+#: the folders of a cache root that several commands share (``.moeperf``: ``moeperf serve``'s default, ``moeperf
+#: batch``'s, or ``MOEPERF_SERVE_CACHE``): the generated models and the compile caches. One pair of names, so a
+#: ``moeperf serve`` of a profile and a suite's start of it reuse each other's compiles (seen on 1x H200: the Kimi
+#: rank's ``moeperf serve`` started warm in 64 s while the suite's start after it compiled again, 129 s)
+MODELS_DIR = "models"
+COMPILED_DIR = "vllm-cache"
 
 #: variable -> directory under the version's cache root
 COMPILE_CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
