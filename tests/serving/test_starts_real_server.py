@@ -54,5 +54,13 @@ def test_two_starts_are_two_servers_and_each_window_is_scored_on_its_plateau(  #
     (stored,) = (pytester.path / "baselines").glob("*/test_serving.json")
     metrics = json.loads(stored.read_text())["metrics"]
     runs = {key.rsplit("::", 1)[-1]: len(entry["runs"]) for key, entry in metrics.items() if "c4" in key}
-    assert runs["engine_tpot_mean_ms"] == 2, runs  # one stored run per start
-    assert runs.get("tpot_mean_ms", 0) == client_starts, runs
+    # one stored run per start whose window may decide: under load (CI under two busy loops) a start's client TPOT
+    # was recorded but set aside (its window drifted, or the health gate tripped), so not stored
+    assert runs["engine_tpot_mean_ms"] == _writable(tpot) >= 1, runs
+    assert runs.get("tpot_mean_ms", 0) == (_writable(client) if client else 0), runs
+
+
+def _writable(record: dict) -> int:  # type: ignore[type-arg]
+    """The rounds of a report's record that an update stores (`ledger.Round.writable`)."""
+    return sum(1 for r in record["rounds"] if r["test_passed"] and not r["excluded"]
+               and (r["health"] is None or r["health"]["ok"]))
