@@ -27,7 +27,7 @@ from pytest_moeperf.judging.shift import (
     shift_sections,
 )
 from pytest_moeperf.judging.thresholds import Reference, Threshold
-from pytest_moeperf.judging.verdict import Cause, Status, Verdict, missing
+from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
 from pytest_moeperf.machine import probe
 from pytest_moeperf.machine.provenance import git_commit_info, perf_environment
@@ -205,10 +205,9 @@ class Conclusion:
 
     def fails_its_test(self, key: str, verdict: Verdict) -> bool:
         """Whether a REGRESSED fails its test at once; one against other hosts' runs, or against runs of this very
-        code (a family that moved as a whole is then the machine: `_shift`), waits for the session's end, a gross
-        one never does."""
-        return verdict.status is Status.REGRESSED and not verdict.provisional and (
-            verdict.cause == Cause.GROSS or not self.of_this_code(key))
+        code (a family that moved as a whole is then the machine, a gross change too: `_shift`), waits for the
+        session's end."""
+        return verdict.status is Status.REGRESSED and not verdict.provisional and not self.of_this_code(key)
 
     def failing_regressions(self) -> list[Verdict]:
         """The REGRESSED verdicts that fail the session: all of them (those against other hosts' baselines fail only

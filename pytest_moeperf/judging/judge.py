@@ -82,10 +82,10 @@ class Judge:
         verdict = self.values(record.metric, usable or record.measurements(), record.threshold)
         unit = record.metric.context.get(ROUND_UNIT)
         if unit and len(usable) < 2 and verdict.status in (Status.REGRESSED, Status.IMPROVED) \
-                and verdict.noise_source == "family" and verdict.cause != Cause.GROSS:
+                and verdict.noise_source == "family":
             # the family's spread stands in for too few stored runs; it is learned from cases of one start each, so
             # one start beyond it is one observation of start-to-start noise (two starts of one profile read
-            # +39 % apart in the server's TPOT on 1x H200): a second start must agree, unless the change is gross
+            # +39 % apart in the server's TPOT on 1x H200): a second start must agree
             word = "worse" if verdict.status is Status.REGRESSED else "better"
             verdict = inconclusive(verdict, f"one {unit} is {word} than the threshold; against fewer than "
                                    f"{MIN_RUNS_FOR_SPREAD} stored runs a second {unit} must agree", Cause.FEW_ROUNDS)

@@ -229,8 +229,9 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family],
     """The IMPROVED and REGRESSED verdicts (by key) inside families that moved as a whole, as they now read: with
     the family's move in the reason; against other hosts' baselines (noise source ``hosts``) INCONCLUSIVE, cause
     ``other-host`` (seen on a fresh 1x H200: every gloo size +21 % against 3 other hosts whose spread allowed
-    5-8 %); on this host's runs of this run's code (``same``: keys, `same_code`) INCONCLUSIVE, cause ``machine``;
-    a gross change (`verdict.gross_factor`) stays decided."""
+    5-8 %); on this host's runs of this run's code (``same``: keys, `same_code`) INCONCLUSIVE, cause ``machine``,
+    a gross change too (the code is the runs' own: whatever moved the whole family is the machine); otherwise a
+    gross change (`verdict.gross_factor`) stays decided."""
     changed = {}
     for family in (f for f in views if f.moved):
         note = (f"family {family.name} moved {family.median_change * 100:+.1f} % ({family.same_direction} of "
@@ -239,18 +240,18 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family],
             if (v.status not in (Status.IMPROVED, Status.REGRESSED) or v.name != family.name
                     or key.split("::")[0] != family.family):
                 continue
-            if v.cause == Cause.GROSS:  # x3 beyond every run: no host's look, no machine's move
+            if key in same:
+                changed[key] = dataclasses.replace(
+                    v, status=Status.INCONCLUSIVE, cause=Cause.MACHINE,
+                    reason=f"{v.reason}; {note}, and every stored run is of this run's commit, software and "
+                           "environment: the machine moved, not the code (run again on a settled machine)")
+            elif v.cause == Cause.GROSS:  # x3 beyond every run of this host, and the code changed
                 changed[key] = dataclasses.replace(v, reason=f"{v.reason}; {note}")
             elif v.noise_source == "hosts":
                 changed[key] = dataclasses.replace(
                     v, status=Status.INCONCLUSIVE, cause=Cause.OTHER_HOST,
                     reason=f"baseline from other hosts and its {note}: this host differs from theirs; record one here "
                            "with --moeperf-update (--moeperf-rounds 3 in 2 sittings)")
-            elif key in same:
-                changed[key] = dataclasses.replace(
-                    v, status=Status.INCONCLUSIVE, cause=Cause.MACHINE,
-                    reason=f"{v.reason}; {note}, and every stored run is of this run's commit, software and "
-                           "environment: the machine moved, not the code (run again on a settled machine)")
             else:
                 changed[key] = dataclasses.replace(v, reason="; ".join([*([v.reason] if v.reason else []),
                                                                         f"{note}: {LIKELY_THE_MACHINE}"]))

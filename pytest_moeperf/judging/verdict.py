@@ -17,11 +17,13 @@ The rule (stated in the README's "Verdicts" section):
      never (INCONCLUSIVE, cause ``too-few-runs`` / ``other-host``).
    When it does not agree, the verdict is INCONCLUSIVE; the reason says why and ``cause`` says whether more
    rounds can help.
-4. A gross change decides on any number of rounds, stored runs or hosts: every round median at least
-   `GROSS_FACTOR` (x3) worse (or better) than every stored run median, and by more than the stored runs' own
-   max/min ratio, is REGRESSED (IMPROVED) with cause ``gross`` where the rules above would stay INCONCLUSIVE for want
-   of rounds, runs or a spread between hosts. One server start is one round of a serving metric: without this a x10
-   regression on one start read INCONCLUSIVE and exited 0.
+4. A gross change decides on any number of rounds: every round median at least `GROSS_FACTOR` (x3) worse (or
+   better) than every stored run median, and by more than the stored runs' own max/min ratio, is REGRESSED
+   (IMPROVED) with cause ``gross`` where the rules above would stay INCONCLUSIVE for want of rounds. One server start
+   is one round of a serving metric: without this a x10 regression on one start read INCONCLUSIVE and exited 0.
+   Only against at least 3 stored runs of this host, and only for a metric of the steady state (`steady`): a
+   clean-clone CPU CI read x3.6 on a cold-cache start phase, x12.7 on an n-gram window's first-token latency
+   against one run, and another host is another machine.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ ALPHA = 0.05
 #: a change decided on any evidence (rule 4): the largest move measured between two starts, or two windows of one
 #: start, of a profile on 1x H200 was x1.86 (the server's TPOT, c=16, 7 starts); CPU TTFT medians of one window
 #: shape moved up to x1.1-x3.5 between runs (those the runs' own max/min ratio covers where they are stored)
-#: OFF (inf) since a clean-clone CPU CI read 3 false gross REGRESSED on cold-cache start metrics (engine init
-#: x3.6 against 6 runs, n-gram c=4 TTFT x12.7 and p90 x29.9 against one run): the rule needs those told apart first
-GROSS_FACTOR = float("inf")
+GROSS_FACTOR = 3.0
+#: metrics a cold cache or a first window moves by more than `GROSS_FACTOR` on a healthy machine, never decided by
+#: rule 4 (a clean-clone CPU CI: ``startup_engine_init_s`` x3.6 against 6 runs; an n-gram c=4 window's TTFT mean
+#: x12.7 and p90 x29.9): start-up phases, first-token and queueing latencies (a compile holds the first requests),
+#: and tail percentiles (one slow request is the tail)
+NOT_STEADY = ("startup", "ttft", "queue", "_p9", "_max")
 #: how a verdict inside a family that moved as a whole ends its reason (`shift.in_moved_families`)
 LIKELY_THE_MACHINE = "likely the machine"
 
@@ -163,6 +168,11 @@ def _worse(better: str, reference: float, value: float) -> float:
     return change if better == "lower" else -change
 
 
+def steady(name: str) -> bool:
+    """Whether rule 4 may decide metric ``name``: not a start-up, first-token, queueing or tail figure."""
+    return not any(part in name for part in NOT_STEADY)
+
+
 def gross_factor(better: str, sign: float, medians: Sequence[float], against: Sequence[float]) -> float | None:
     """Rule 4: by how many times every round median is beyond every stored run median in the direction ``sign``
     (+1: worse), when that is at least `GROSS_FACTOR` and more than the stored runs' own max/min; else None."""
@@ -219,7 +229,8 @@ def judge(key: str, name: str, unit: str, better: str, rounds: Sequence[Sequence
     sign = 1.0 if worse > 0 else -1.0
     status = Status.REGRESSED if sign > 0 else Status.IMPROVED
     word = "worse" if sign > 0 else "better"
-    factor = gross_factor(better, sign, medians, reference.run_medians)
+    eligible = steady(name) and reference.other_hosts is None and reference.runs >= MIN_RUNS_FOR_SPREAD
+    factor = gross_factor(better, sign, medians, reference.run_medians) if eligible else None
 
     def decided_gross(short: str) -> Verdict:
         assert factor is not None

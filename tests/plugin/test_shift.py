@@ -3,6 +3,7 @@ verdict changes. Pure units, then a real pytest session against baselines it rec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -49,21 +50,16 @@ def test_a_family_that_moved_together_is_found_with_its_relative_outlier() -> No
     assert "1 relative outlier(s)" in line
 
 
-@pytest.mark.skip(reason="the gross rule is off (GROSS_FACTOR inf): false REGRESSED on a cold clean-clone CI")
-def test_against_other_hosts_a_moved_family_is_inconclusive_unless_the_change_is_gross() -> None:
-    """A family that moved as a whole against other hosts' runs is what another host looks like (INCONCLUSIVE,
-    other-host); a x10 regression of every case is not: it stays REGRESSED."""
-    def hosts(case: str, change: float, cause: str = "") -> Verdict:
-        v = _verdict(case, change, status=Status.REGRESSED)
-        return Verdict(v.key, v.name, v.unit, v.better, v.status, v.current, v.round_medians, reference=1.0,
-                       runs=10, change=change, mde=0.05, noise_source="hosts", cause=cause)
-
-    plus = [hosts(f"c{i}", 0.21) for i in range(9)]
-    gross = [hosts(f"c{i}", 9.0, Cause.GROSS) for i in range(9)]
-    for verdicts, expected in ((plus, Status.INCONCLUSIVE), (gross, Status.REGRESSED)):
-        views = family_views(verdicts)
-        changed = in_moved_families({v.key: v for v in verdicts}, views)
-        assert {v.status for v in changed.values()} == {expected}
+def test_a_gross_change_in_a_moved_family_stays_decided_unless_the_code_is_the_runs_own() -> None:
+    """A x10 regression of every case against this host's runs of another commit is the code: it stays REGRESSED.
+    Against runs of this very code, whatever moved the whole family is the machine, a gross move too."""
+    gross = [dataclasses.replace(_verdict(f"c{i}", 9.0, status=Status.REGRESSED), cause=Cause.GROSS)
+             for i in range(9)]
+    views = family_views(gross)
+    other_code = in_moved_families({v.key: v for v in gross}, views)
+    assert {(v.status, v.cause) for v in other_code.values()} == {(Status.REGRESSED, Cause.GROSS)}
+    same = in_moved_families({v.key: v for v in gross}, views, same={v.key for v in gross})
+    assert {(v.status, v.cause) for v in same.values()} == {(Status.INCONCLUSIVE, Cause.MACHINE)}
 
 
 def test_relative_thresholds_come_from_stored_runs_with_each_runs_family_move_divided_out() -> None:

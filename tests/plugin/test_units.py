@@ -101,24 +101,42 @@ def test_three_runs_need_four_rounds_and_more_rounds_can_decide() -> None:
     assert four.status is Status.REGRESSED and "p = 0.029" in four.reason
 
 
-@pytest.mark.skip(reason="the gross rule is off (GROSS_FACTOR inf): false REGRESSED on a cold clean-clone CI")
-@pytest.mark.parametrize(("better", "scale", "expected"), [
-    ("lower", 10.0, Status.REGRESSED), ("higher", 0.1, Status.REGRESSED), ("lower", 0.3, Status.IMPROVED),
-    ("higher", 3.1, Status.IMPROVED)])
-@pytest.mark.parametrize("reference", [
-    ref(10.0), ref(10.0, 10.1), ref(10.0, 10.1, 9.9), learned(10.0),
-    Reference((10.0, 10.01, 9.99), other_hosts="1 other host")], ids=["1run", "2runs", "3runs", "family", "host"])
+GROSS_CASES = [("lower", 10.0, Status.REGRESSED), ("higher", 0.1, Status.REGRESSED), ("lower", 0.3, Status.IMPROVED),
+               ("higher", 3.1, Status.IMPROVED)]
+
+
+@pytest.mark.parametrize(("better", "scale", "expected"), GROSS_CASES)
+@pytest.mark.parametrize("reference", [ref(10.0, 10.1, 9.9), ref(10.0, 10.1, 9.9, 10.05, 9.95)], ids=["3runs", "5runs"])
 def test_a_gross_change_decides_on_one_round(better: str, scale: float, expected: Status,
                                               reference: Reference) -> None:
-    """Rule 4: one server start is one round; a x10 regression on it read INCONCLUSIVE (too few runs, too few
-    rounds for the rank test, another host's runs) and exited 0. At least x3 beyond every stored run decides."""
-    found = judge("k", "m", "us", better, [[10.0 * scale, 10.0 * scale * 1.01, 10.0 * scale * 0.99]], reference,
-                  Threshold())
+    """Rule 4: one server start is one round; a x10 regression on it read INCONCLUSIVE (too few rounds for the rank
+    test) and exited 0. At least x3 beyond every stored run of this host decides."""
+    found = judge("k", "tpot_ms", "us", better, [[10.0 * scale, 10.0 * scale * 1.01, 10.0 * scale * 0.99]],
+                  reference, Threshold())
     assert found.status is expected and found.cause == Cause.GROSS, found.message()
     assert "a gross change (at least x3 and beyond the runs' own range)" in found.reason
 
 
-@pytest.mark.skip(reason="the gross rule is off (GROSS_FACTOR inf): false REGRESSED on a cold clean-clone CI")
+@pytest.mark.parametrize(("better", "scale", "expected"), GROSS_CASES)
+@pytest.mark.parametrize(("name", "reference"), [
+    ("tpot_ms", ref(10.0)), ("tpot_ms", ref(10.0, 10.1)), ("tpot_ms", learned(10.0)),
+    ("tpot_ms", Reference((10.0, 10.01, 9.99), other_hosts="1 other host")),
+    ("startup_engine_init_s", ref(10.0, 10.1, 9.9)), ("ttft_mean_ms", ref(10.0, 10.1, 9.9)),
+    ("engine_queue_mean_ms", ref(10.0, 10.1, 9.9)), ("itl_p99_ms", ref(10.0, 10.1, 9.9)),
+    ("e2el_p90_ms", ref(10.0, 10.1, 9.9))],
+    ids=["1run", "2runs", "family", "host", "startup", "ttft", "queue", "p99", "p90"])
+def test_no_gross_verdict_where_a_cold_cache_or_another_machine_moves_that_much(
+        better: str, scale: float, expected: Status, name: str, reference: Reference) -> None:
+    """A clean-clone CPU CI read 3 false gross REGRESSED: a cold-cache start phase x3.6 against 6 runs, an n-gram
+    window's TTFT mean x12.7 and p90 x29.9 against one run. Fewer than 3 runs, another host's runs, start-up,
+    first-token, queueing and tail metrics are never decided by rule 4."""
+    found = judge("k", name, "us", better, [[10.0 * scale, 10.0 * scale * 1.01, 10.0 * scale * 0.99]], reference,
+                  Threshold())
+    assert found.cause != Cause.GROSS and "gross" not in found.reason, found.message()
+    # the family's spread may decide on its quartile rule; one start of it is not enough (`judge.Judge`)
+    assert found.status is Status.INCONCLUSIVE or found.noise_source == "family", found.message()
+
+
 def test_a_gross_change_must_clear_the_stored_runs_own_range() -> None:
     """Stored TTFT means of 11.7, 44.7 and 50.0 ms (CPU, three starts): x3 beyond the worst is not enough when the
     runs themselves spread x4.3; beyond that it is."""
