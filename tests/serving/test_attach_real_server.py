@@ -110,7 +110,9 @@ def test_attach_mode_measures_a_server_the_suite_did_not_start(
     assert (context["requests"], context["plateau_requests"], context["ramp_requests"]) == (12, 10, 1)
     # not compared with baselines of the default size, nor with whole-window ones
     assert context["workload"] == "random 128 in / 64 out, outputs fixed; plateau, 20 requests a window"
-    assert context["engine_requests"] == context["plateau_requests"]  # the server counted exactly the plateau
+    # the server counted the plateau: each of its two edges' scrapes answers while the C = 1 request in flight may
+    # finish (CI under two busy loops counted 8 of 10; a quiet box counts 10)
+    assert abs(context["engine_requests"] - context["plateau_requests"]) <= 2, context["engine_requests"]
     assert context["engine_span"] == "plateau: after completion 1 to after completion 11 of 12"
     # --moeperf-quick windows are too small to bound a p90: recorded, INCONCLUSIVE with the reason, never gated
     assert c1["ttft_p90_ms"]["verdict"] == "INCONCLUSIVE" and "cannot bound the p90" in c1["ttft_p90_ms"]["reason"]
