@@ -12,13 +12,18 @@
 #   ab       moeperf ab --serve gpu-tiny-tp1-nospec, fresh starts a pair, head's TPOT and throughput samples x1.05
 #            (tests/benchmarks/moeperf_inject.py); the metrics it leaves alone are the run's own A/A
 #   kimi     scripts/gpu-kimi-rank.sh: the full-depth Kimi-K2.5 rank, 3 starts, windows, attribution, budget
+#   gate     the serving gate on the Kimi-K2.5 rank (GATE_K: its start-up and c=1 window), stored baselines in $GBL
+#            (default .moeperf/gate-baselines), minimum effect 2.5 %: PHASE=record writes 3 starts (--update);
+#            PHASE=ab judges 4 starts with head's TPOT and throughput samples x1.05 (moeperf_inject: expect
+#            REGRESSED on those, nothing on the rest); PHASE=aa judges 4 starts as they are (expect no REGRESSED
+#            and no IMPROVED). 4 starts against 3 stored runs is the fewest that the rank test can decide on
 #
 # Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7), BL (the baselines
 # record and judge use, default .moeperf/lease-baselines: a copy of baselines/ made by the first step that needs it,
 # git-ignored, so it lasts between the calls of one lease; the tracked baselines/ is sent afresh with every call).
 # The lease's steps are chained within ~30 s of each other (the machine goes back when idle), so each is one line.
 set -uo pipefail
-STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi}
+STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi|gate}
 OUT=${OUT:?set OUT}; LIMIT=${LIMIT:-560}
 ROOT=$PWD
 export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -66,6 +71,24 @@ ab)
     -p moeperf_inject --moeperf-tolerance 0.025 > "$W/ab.log" 2>&1
   echo "ab exit $?"; tail -60 "$W/ab.log"
   pack
+  ;;
+gate)
+  facts
+  GBL=${GBL:-$ROOT/.moeperf/gate-baselines}
+  args=(serving --serving-k "${GATE_K:-gpu-kimi-rank-tp1-nospec and (startup or (closed_loop and c1 and not c16))}"
+        --deadline "$((LIMIT - 25))" --grace 30 --baselines "$GBL" --out "$W/batch")
+  export PYTEST_ADDOPTS="--moeperf-tolerance 0.025${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+  case ${PHASE:-record} in
+  record) args+=(--update --no-aa --rounds 3) ;;
+  ab) export PYTHONPATH=$PYTHONPATH:$ROOT/tests/benchmarks MOEPERF_INJECT='*::*tpot*=1.05,*::*throughput*=1.05'
+      PYTEST_ADDOPTS+=" -p moeperf_inject"; args+=(--rounds 4) ;;
+  aa) args+=(--rounds 4) ;;
+  *) echo "unknown PHASE ${PHASE}"; exit 2 ;;
+  esac
+  echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS MOEPERF_INJECT=${MOEPERF_INJECT:-}" | tee -a "$W/facts.txt"
+  timeout -s INT -k 20 "$LIMIT" python3 -m pytest_moeperf.cli batch "${args[@]}"
+  echo "batch exit $?"
+  pack "${GBL#/}"
   ;;
 kimi)
   OUT=$W DEADLINE=$((LIMIT - 20)) bash scripts/gpu-kimi-rank.sh
