@@ -14,9 +14,10 @@
 #   kimi     scripts/gpu-kimi-rank.sh: the full-depth Kimi-K2.5 rank, 3 starts, windows, attribution, budget
 #   gate     the serving gate on the Kimi-K2.5 rank (GATE_K: its start-up and c=1 window), stored baselines in $GBL
 #            (default .moeperf/gate-baselines), minimum effect 2.5 %: PHASE=record writes 3 starts (--update);
-#            PHASE=ab judges 4 starts with head's TPOT and throughput samples x1.05 (moeperf_inject: expect
-#            REGRESSED on those, nothing on the rest); PHASE=aa judges 4 starts as they are (expect no REGRESSED
-#            and no IMPROVED). 4 starts against 3 stored runs is the fewest that the rank test can decide on
+#            PHASE=ab judges 4 starts with the server's TPOT and the output throughput x1.05 (moeperf_inject:
+#            expect REGRESSED on those two; the client's TPOT, ITL and E2EL, which measure the same decode steps,
+#            and the rest are left alone: the run's own A/A, expect no REGRESSED and no IMPROVED); PHASE=aa judges
+#            4 starts as they are. 4 starts against 3 stored runs is the fewest that the rank test can decide on
 #
 # Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7), BL (the baselines
 # record and judge use, default .moeperf/lease-baselines: a copy of baselines/ made by the first step that needs it,
@@ -80,7 +81,7 @@ gate)
   export PYTEST_ADDOPTS="--moeperf-tolerance 0.025${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
   case ${PHASE:-record} in
   record) args+=(--update --no-aa --rounds 3) ;;
-  ab) export PYTHONPATH=$PYTHONPATH:$ROOT/tests/benchmarks MOEPERF_INJECT='*::*tpot*=1.05,*::*throughput*=1.05'
+  ab) export PYTHONPATH=$PYTHONPATH:$ROOT/tests/benchmarks MOEPERF_INJECT='*::engine_tpot_mean_ms=1.05,*::output_throughput=1.05'
       PYTEST_ADDOPTS+=" -p moeperf_inject"; args+=(--rounds 4) ;;
   aa) args+=(--rounds 4) ;;
   *) echo "unknown PHASE ${PHASE}"; exit 2 ;;
