@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -185,10 +186,14 @@ def main_batch(argv: Sequence[str] | None = None) -> int:
                 continue
             run_unit(batch, ctx, unit, units[i:])
         if options.update and any(isinstance(u, planning.PytestRun) and u.update for u in units):
-            diff = out / "baselines-diff.md"
-            done = batch.run([python, "-m", "pytest_moeperf.cli", "baselines", "diff", "--baselines",
-                              str(ctx.baselines)], diff, until=None, grace_s=10.0)
-            batch.note(f"moeperf baselines diff: {done.describe()} ({batch.output(diff)})")
+            if not _in_git(ctx.baselines):  # the diff compares with what git holds: nothing to compare with
+                batch.note(f"moeperf baselines diff: skipped: {ctx.baselines} is not inside a git checkout "
+                           "(nothing committed to compare the update with)")
+            else:
+                diff = out / "baselines-diff.md"
+                done = batch.run([python, "-m", "pytest_moeperf.cli", "baselines", "diff", "--baselines",
+                                  str(ctx.baselines)], diff, until=None, grace_s=10.0)
+                batch.note(f"moeperf baselines diff: {done.describe()} ({batch.output(diff)})")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -201,3 +206,10 @@ def main_batch(argv: Sequence[str] | None = None) -> int:
         indent=2, sort_keys=True) + "\n")
     batch.note(f"done: exit {code}; " + ", ".join(f"{r.name} {r.status}" for r in batch.results))
     return code
+
+
+def _in_git(path: Path) -> bool:
+    """Whether ``path`` (or, before an update creates it, its nearest existing parent) is inside a git checkout."""
+    where = next((p for p in (path, *path.parents) if p.is_dir()), Path("/"))
+    done = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True)
+    return done.returncode == 0
