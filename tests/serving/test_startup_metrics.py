@@ -27,8 +27,10 @@ LINES = [
     E + " 10:00:41 [core.py:117] Initializing a V1 LLM engine (v0.26.0) with config: x",
     E + " 10:00:44 [gpu_model_runner.py:5251] Starting to load model /m...",
     E + " 10:00:45 [gpu_model_runner.py:5348] Model loading took 0.07 GiB memory and 0.5 seconds",
-    (E + " 10:00:47 [decorators.py:312] Directly load AOT compilation from path /c" if STATE ==
-     "warm" else E + " 10:01:00 [backends.py:393] Compiling a graph for compile range x takes 9 s"),
+    *([E + " 10:00:47 [decorators.py:312] Directly load AOT compilation from path /c"] if STATE in
+      ("warm", "partial") else []),
+    *([E + " 10:01:00 [backends.py:393] Compiling a graph for compile range x takes 9 s"] if STATE in
+      ("cold", "partial") else []),
     E + " 10:01:04 [monitor.py:53] torch.compile took {compile} s in total",
     E + " 10:01:13 [gpu_model_runner.py:6845] Graph capturing finished in 3 secs, took 0.2 GiB",
     E + " 10:01:14 [core.py:333] init engine (profile, create kv cache, warmup model) took "
@@ -46,11 +48,11 @@ def test_startup(perf):
 
 def test_names_by_compile_cache_state() -> None:
     for state, total in (("cold", "startup_cold_s"), ("warm", "startup_warm_s"), ("none", "startup_s"),
-                         (None, "startup_s"), ("partial", "startup_s")):
+                         (None, "startup_s"), ("partial", "startup_partial_s")):
         name, phase = startup_names(state)
         assert name == total
         assert phase("imports") == "startup_imports_s"
-        suffix = f"_{state}" if state in ("cold", "warm") else ""
+        suffix = f"_{state}" if state in ("cold", "warm", "partial") else ""
         assert phase("compile") == f"startup_compile{suffix}_s"
         assert phase("engine_init") == f"startup_engine_init{suffix}_s"
         assert phase("model_config") == f"startup_model_config{suffix}_s"
@@ -94,3 +96,16 @@ def test_a_metric_of_the_state_measured_is_still_missing(pytester: pytest.Pytest
         'E + " 10:01:04 [monitor.py:53] torch.compile took 3.10 s in total",', ""))
     again = run_moeperf("-p", "no:randomly")
     again.stdout.fnmatch_lines(["*::startup_compile_warm_s * MISSING*"])
+
+
+def test_a_stored_partial_start_is_not_missing_later(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
+    """Seen on 1x H200 (Kimi rank): a record of a partial start (part of the graphs compiled) and warm ones, then
+    a session of warm starts: the partial start's figures are another state's, not MISSING."""
+    partial = _session(pytester, run_moeperf, "partial", "--moeperf-update")
+    partial.assert_outcomes(passed=1)
+    partial.stdout.fnmatch_lines(["*::startup_partial_s * s *77.5*", "*::startup_compile_partial_s * s *3.1*"])
+    _session(pytester, run_moeperf, "warm", "--moeperf-update").assert_outcomes(passed=1)
+    warm = _session(pytester, run_moeperf, "warm", "--moeperf-strict")
+    assert warm.ret == 0, warm.stdout.str()
+    assert not [line for line in warm.stdout.lines if line.rstrip().endswith("MISSING")]
+    warm.stdout.fnmatch_lines(["*baselined metric(s) of another state than this run measured*compile cache partial*"])
