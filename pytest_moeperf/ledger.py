@@ -311,6 +311,14 @@ class Ledger:
         """Whether an earlier round measured the test (a parent's ledger, after its children's merges)."""
         return self.tests.get(nodeid) == "" and nodeid in self.tests
 
+    def measured_nothing(self) -> list[str]:
+        """The reasons, most common first, when tests were selected but every one skipped without a metric (a
+        requirement missing: vLLM not importable, too few GPUs); empty when anything was measured."""
+        if self.records or not self.tests or not all(why.startswith(SKIPPED) for why in self.tests.values()):
+            return []
+        reasons = [why.removeprefix(SKIPPED) for why in self.tests.values()]
+        return sorted(set(reasons), key=lambda r: (-reasons.count(r), r))
+
     def deadline_skipped(self) -> list[str]:
         """The tests ``--moeperf-deadline`` skipped (in any round), in the order they ran."""
         return [nodeid for nodeid, why in self.tests.items() if why.startswith(SKIPPED + DEADLINE_SKIP)]

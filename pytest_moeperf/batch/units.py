@@ -14,6 +14,7 @@ from pathlib import Path
 from pytest_moeperf.batch.facts import Facts
 from pytest_moeperf.batch.plan import Attribution, Budget, PytestRun, Topology, Unit
 from pytest_moeperf.batch.runner import Batch, StepResult
+from pytest_moeperf.ledger import DEADLINE_SKIP
 from pytest_moeperf.processes.lifecycle import log_tail
 from pytest_moeperf.reports.document import ledger_of
 
@@ -93,6 +94,9 @@ def _pytest(batch: Batch, ctx: Context, run: PytestRun, share: float | None, res
     lines = log_tail(log, 1)
     result.status = outcome.status
     result.detail = f"{outcome.describe()}: {lines}" if lines else outcome.describe()
+    nothing = measured_nothing(report)
+    if nothing and result.status == "ok":  # a selection that skipped whole measured nothing: not ok
+        result.status, result.detail = "failed", f"{nothing}; {result.detail}"
     left_out = deadline_gaps(report)
     if left_out:  # not the whole selection: cut (a failed test stays "failed", the more urgent word)
         result.status = "failed" if result.status == "failed" else "cut"
@@ -111,6 +115,19 @@ def rounds_not_begun(report: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ""
     return "; ".join(w for w in warnings if isinstance(w, str) and " not begun: " in w)
+
+
+def measured_nothing(report: Path) -> str:
+    """Why a pytest run measured nothing, from its JSON report: every selected test skipped (not by the deadline:
+    that is `deadline_gaps`); "" when it measured something or there is no readable report."""
+    try:
+        ledger = ledger_of(json.loads(report.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    reasons = [r for r in ledger.measured_nothing() if not r.startswith(DEADLINE_SKIP)]
+    if not reasons:
+        return ""
+    return f"measured nothing: all {len(ledger.tests)} selected test(s) skipped ({'; '.join(reasons[:2])})"
 
 
 def deadline_gaps(report: Path) -> str:

@@ -351,3 +351,17 @@ def test_a_start_the_deadline_did_not_let_begin_is_said_not_cut(tmp_path: Path) 
     kernels = _steps(out)["kernels"]
     assert kernels["status"] == "ok", kernels
     assert " not begun: " in str(kernels["detail"]) and "its verdicts rest on " in str(kernels["detail"])
+
+
+def test_a_step_whose_tests_all_skip_measured_nothing_and_fails(tmp_path: Path) -> None:
+    """Seen on 1x H200: a serving step on a box where vLLM did not import read `serving: ok`, exit 0, after all its
+    tests skipped. Here a GPU profile on a box without one: the step fails and says why."""
+    out = tmp_path / "out"
+    done = subprocess.run(_batch_argv("serving", "--serving-k", "gpu-kimi-rank-tp1-nospec and startup", "--out",
+                                      str(out), "--baselines", str(tmp_path / "baselines")),
+                          cwd=ROOT, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (step,) = _steps(out).values()
+    assert step["status"] == "failed", step
+    assert str(step["detail"]).startswith("measured nothing: all 1 selected test(s) skipped (profile "), step
+    assert "serving failed" in (out / "summary.txt").read_text()
