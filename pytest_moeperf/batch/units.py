@@ -14,7 +14,7 @@ from pathlib import Path
 from pytest_moeperf.batch.facts import Facts
 from pytest_moeperf.batch.plan import Attribution, Budget, PytestRun, Topology, Unit
 from pytest_moeperf.batch.runner import Batch, StepResult
-from pytest_moeperf.ledger import DEADLINE_SKIP
+from pytest_moeperf.ledger import DEADLINE_SKIP, Ledger
 from pytest_moeperf.processes.lifecycle import log_tail
 from pytest_moeperf.reports.document import ledger_of
 
@@ -94,35 +94,40 @@ def _pytest(batch: Batch, ctx: Context, run: PytestRun, share: float | None, res
     lines = log_tail(log, 1)
     result.status = outcome.status
     result.detail = f"{outcome.describe()}: {lines}" if lines else outcome.describe()
-    nothing = measured_nothing(report)
+    ledger = _ledger(report)  # read once: what the run measured, skipped and was not let begin
+    nothing = measured_nothing(ledger)
     if nothing and result.status == "ok":  # a selection that skipped whole measured nothing: not ok
         result.status, result.detail = "failed", f"{nothing}; {result.detail}"
-    left_out = deadline_gaps(report)
+    left_out = deadline_gaps(ledger)
     if left_out:  # not the whole selection: cut (a failed test stays "failed", the more urgent word)
         result.status = "failed" if result.status == "failed" else "cut"
         result.detail = f"{left_out}; {result.detail}"
-    fewer = rounds_not_begun(report)
+    fewer = rounds_not_begun(ledger)
     if fewer:  # every test measured, on fewer rounds or starts than asked: said, not cut
         result.detail = f"{fewer}; {result.detail}"
     result.outputs += [batch.output(p) for p in (log, report) if p.exists()]
 
 
-def rounds_not_begun(report: Path) -> str:
-    """The rounds or server starts ``--moeperf-deadline`` did not let begin, from the run's JSON report (its
-    warnings); "" when none or no readable report."""
+def _ledger(report: Path) -> Ledger | None:
+    """The ledger of a pytest run's JSON report; None when there is no readable report."""
     try:
-        warnings = json.loads(report.read_text())["moeperf"].get("warnings", [])
+        return ledger_of(json.loads(report.read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def rounds_not_begun(ledger: Ledger | None) -> str:
+    """The rounds or server starts ``--moeperf-deadline`` did not let begin (the run's warnings); "" when none or
+    no readable report."""
+    if ledger is None:
         return ""
-    return "; ".join(w for w in warnings if isinstance(w, str) and " not begun: " in w)
+    return "; ".join(w for w in ledger.warnings if " not begun: " in w)
 
 
-def measured_nothing(report: Path) -> str:
-    """Why a pytest run measured nothing, from its JSON report: every selected test skipped (not by the deadline:
-    that is `deadline_gaps`); "" when it measured something or there is no readable report."""
-    try:
-        ledger = ledger_of(json.loads(report.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+def measured_nothing(ledger: Ledger | None) -> str:
+    """Why a pytest run measured nothing: every selected test skipped (not by the deadline: that is
+    `deadline_gaps`); "" when it measured something or there is no readable report."""
+    if ledger is None:
         return ""
     reasons = [r for r in ledger.measured_nothing() if not r.startswith(DEADLINE_SKIP)]
     if not reasons:
@@ -130,12 +135,10 @@ def measured_nothing(report: Path) -> str:
     return f"measured nothing: all {len(ledger.tests)} selected test(s) skipped ({'; '.join(reasons[:2])})"
 
 
-def deadline_gaps(report: Path) -> str:
-    """What ``--moeperf-deadline`` left out of a pytest run, read from its JSON report: the tests it skipped (how
-    many, the first few) and the metrics MISSING; "" when it skipped none or there is no readable report."""
-    try:
-        ledger = ledger_of(json.loads(report.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+def deadline_gaps(ledger: Ledger | None) -> str:
+    """What ``--moeperf-deadline`` left out of a pytest run: the tests it skipped (how many, the first few) and the
+    metrics MISSING; "" when it skipped none or there is no readable report."""
+    if ledger is None:
         return ""
     skipped = ledger.deadline_skipped()
     if not skipped:
