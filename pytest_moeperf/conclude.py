@@ -18,6 +18,7 @@ from typing import Any
 
 from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.judging.judge import Judge
+from pytest_moeperf.judging.levels import components, levels_section
 from pytest_moeperf.judging.shift import (
     Family,
     family_views,
@@ -170,6 +171,22 @@ class Conclusion:
         except Exception as exc:  # noqa: BLE001 - a broken extra table must not lose the run's results
             self.errors.append(f"report sections failed: {type(exc).__name__}: {exc}")
 
+    def _levels(self) -> None:
+        """The report's table of each metric's variance per level (start > window), where stored runs teach it."""
+        found = []
+        for key in self.ledger.records:
+            try:
+                entry = self.store.entry(key)
+            except BaselineError:
+                continue
+            ref = entry.reference(self.store.host) if entry is not None else None
+            levels = components(ref.windows) if ref is not None and ref.other_hosts is None else None
+            if levels is not None:
+                found.append((key, levels))
+        section = levels_section(found)
+        if section is not None:
+            self.ledger.sections.append(section)
+
     def _shift(self) -> list[Family]:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
         verdicts = self.ledger.verdicts
@@ -227,6 +244,7 @@ class Conclusion:
         self.check_fingerprints()
         self.check_keys()
         self._sections()
+        self._levels()
         moved = self._shift()
         if self.settings.update:
             if stopped:

@@ -74,6 +74,9 @@ class Measurement:
     tolerance: float | None = None
     abs_tolerance: float | None = None
     context: Mapping[str, JSONScalar] = field(default_factory=dict)
+    #: one server start's window medians when ``samples`` pool several windows of that start (`Round.window`): a
+    #: stored run keeps them apart, so the judge can tell the start's variance from the window's
+    windows: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "::" in self.name:
@@ -110,15 +113,16 @@ class Measurement:
         return Identity.of(self.unit, self.better, self.context)
 
     def to_json(self) -> dict[str, Any]:
-        return {"test_id": self.test_id, "name": self.name, "samples": list(self.samples), "unit": self.unit,
+        data = {"test_id": self.test_id, "name": self.name, "samples": list(self.samples), "unit": self.unit,
                 "better": self.better, "tolerance": self.tolerance, "abs_tolerance": self.abs_tolerance,
                 "context": dict(self.context)}
+        return {**data, "windows": list(self.windows)} if self.windows else data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Measurement:
         return cls(test_id=data["test_id"], name=data["name"], samples=tuple(data["samples"]), unit=data["unit"],
                    better=data["better"], tolerance=data.get("tolerance"), abs_tolerance=data.get("abs_tolerance"),
-                   context=dict(data.get("context", {})))
+                   context=dict(data.get("context", {})), windows=tuple(data.get("windows", ())))
 
 
 def suite_of(test_id: str) -> str:
@@ -195,15 +199,23 @@ class Round:
     """One round of one metric: the samples of one window, where it came from, and whether it can decide.
 
     ``origin`` names the producer: ``call`` (the test's call), ``confirm k`` (a confirmation re-run), ``round i/N``
-    (a ``--moeperf-rounds`` child), ``base k`` / ``head k`` (an A/B side). ``excluded`` says why this window cannot
-    decide this metric (a degenerate window, declared by the test); ``test_passed`` is the test's own outcome in
-    that round (a regression alone does not fail it there)."""
+    (a ``--moeperf-rounds`` child), ``start j/S`` (a ``--moeperf-starts`` child), ``base k`` / ``head k`` (an A/B
+    side). ``window`` numbers the windows of one server start (``--moeperf-windows``): rounds that share their
+    ``origin`` and have a window number are windows of one start, a level below it (None: the round is its own
+    unit). ``excluded`` says why this window cannot decide this metric (a degenerate window, declared by the
+    test); ``test_passed`` is the test's own outcome in that round (a regression alone does not fail it there)."""
 
     samples: tuple[float, ...]
     origin: str = "call"
     test_passed: bool = True
     health: HealthReport | None = None
     excluded: tuple[str, ...] = ()
+    window: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How reports name this round: its origin, and its window within a start."""
+        return self.origin if self.window is None else f"{self.origin}, window {self.window}"
 
     @property
     def problems(self) -> tuple[str, ...]:
@@ -222,14 +234,16 @@ class Round:
         return self.usable and self.test_passed
 
     def to_json(self) -> dict[str, Any]:
-        return {"samples": list(self.samples), "origin": self.origin, "test_passed": self.test_passed,
+        data = {"samples": list(self.samples), "origin": self.origin, "test_passed": self.test_passed,
                 "health": None if self.health is None else self.health.to_json(), "excluded": list(self.excluded)}
+        return data if self.window is None else {**data, "window": self.window}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Round:
+        window = data.get("window")
         return cls(tuple(float(x) for x in data["samples"]), str(data.get("origin", "call")),
                    bool(data.get("test_passed", True)), HealthReport.from_json(data.get("health")),
-                   tuple(data.get("excluded", ())))
+                   tuple(data.get("excluded", ())), None if window is None else int(window))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from pytest_moeperf.judging import stats
-from pytest_moeperf.ledger import ROUND_UNIT, Better, JSONScalar, Measurement, as_samples
+from pytest_moeperf.ledger import ROUND_UNIT, Better, HealthReport, JSONScalar, Measurement, Round, as_samples
 
 
 class Perf:
@@ -27,6 +27,9 @@ class Perf:
         self._simulated_from = simulated_from
         #: per round: why its window cannot decide anything (ordered, unique), and for which metrics (None: all)
         self._unusable: list[dict[str, frozenset[str] | None]] = [{}]
+        self._once = False  # `measured_once`
+        #: round index -> its window number on one server start (``--moeperf-windows``)
+        self._windows: dict[int, int] = {}
         #: why calling the test again would not measure again
         self._single: str | None = None if round_unit is None else (
             f"each {round_unit} is one observation: a re-run in this process would measure the same {round_unit} "
@@ -55,6 +58,31 @@ class Perf:
         self._earlier.append(self.records)
         self._records = []
         self._unusable.append({})
+
+    def first_window(self) -> None:
+        """Number this test's first round window 1 of its start (``--moeperf-windows``)."""
+        self._windows.setdefault(0, 1)
+
+    def new_window(self) -> None:
+        """Start another window of the same start (``--moeperf-windows``): a round a level below the start, on the
+        same server; the first round becomes window 1."""
+        self.first_window()
+        self.new_round()
+        self._windows[len(self._earlier)] = len(self._windows) + 1
+
+    def window_of(self, round_index: int) -> int | None:
+        """The window number of a round (None: the round is not one of several windows of one start)."""
+        return self._windows.get(round_index)
+
+    def origin_of(self, round_index: int) -> str:
+        """Where a round came from in this process: ``call`` (its windows too) or ``confirm k``."""
+        return "call" if round_index == 0 or round_index in self._windows else f"confirm {round_index}"
+
+    def round_of(self, index: int, name: str, samples: tuple[float, ...], test_passed: bool,
+                 health: HealthReport | None) -> Round:
+        """Round ``index`` of metric ``name`` as the ledger keeps it."""
+        return Round(samples, self.origin_of(index), test_passed, health, self.unusable_for(name, index),
+                     self.window_of(index))
 
     @property
     def unusable(self) -> tuple[str, ...]:
@@ -89,6 +117,13 @@ class Perf:
         server's time to start): confirmation does not re-run it, since repeated copies of one measurement would
         pass for independent rounds and let a rank test reject on one value."""
         self._single = reason
+        self._once = True
+
+    @property
+    def repeats_on_start(self) -> bool:
+        """Whether calling this test again measures another window of its start (``--moeperf-windows``): a test
+        whose round is a start, and whose value does not come from the start itself (`measured_once`)."""
+        return self.round_unit is not None and not self._once
 
     def context(self, **values: JSONScalar) -> None:
         """Attach facts (shape, dtype, backend, …) to every metric this test records from now on."""

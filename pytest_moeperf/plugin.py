@@ -19,7 +19,7 @@ from pytest_moeperf.machine import emulation, markers, placement, probe
 from pytest_moeperf.machine import topology as topology_mod
 from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.processes import rounds, starts, termination
+from pytest_moeperf.processes import rounds, starts, termination, windows
 from pytest_moeperf.processes.children import ONLY_ENV, read_only
 from pytest_moeperf.runtime import (
     child_key,
@@ -104,7 +104,9 @@ def pytest_configure(config: pytest.Config) -> None:
     state.placement_note = placement.shared_cores_note(config, placed)
     config.stash[session_key] = state
     config.pluginmanager.register(state, "moeperf-session")
-    config.pluginmanager.register(starts.Starts(state, config.stash[started_key]), "moeperf-starts")
+    windowed = windows.Windows(resolved.windows or 1)
+    config.pluginmanager.register(windowed, "moeperf-windows")
+    config.pluginmanager.register(starts.Starts(state, config.stash[started_key], windowed), "moeperf-starts")
     if resolved.round_of is not None and not hasattr(config, "workerinput"):
         # a child of --moeperf-rounds or moeperf ab: SIGTERM interrupts it as Ctrl-C does (fixtures torn down)
         child = contextlib.ExitStack()

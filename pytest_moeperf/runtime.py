@@ -59,6 +59,16 @@ def reported_test_id(report: pytest.TestReport, ids: TestIds) -> str:
     return carried if isinstance(carried, str) else ids.of_nodeid(report.nodeid)
 
 
+def seconds_left(config: pytest.Config) -> float | None:
+    """What is left of ``--moeperf-deadline`` (None: no deadline)."""
+    settings = config.stash[settings_key]
+    if settings.deadline_s is None:
+        return None
+    if settings.deadline_at is not None:
+        return settings.deadline_at - time.time()
+    return settings.deadline_s - (time.monotonic() - config.stash[started_key])
+
+
 def skip_past_deadline(config: pytest.Config) -> None:
     """Skip the running test when ``--moeperf-deadline`` has passed. Called before every test that records
     metrics, or, for a test marked ``moeperf_deadline_inside``, by the test itself before it starts new work."""

@@ -15,7 +15,7 @@ from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.judging.judge import MetricChanged, budget_ended, settled
 from pytest_moeperf.judging.thresholds import Threshold, ThresholdError, resolve_threshold
 from pytest_moeperf.judging.verdict import Verdict
-from pytest_moeperf.ledger import Measurement, Record, Round, records_of
+from pytest_moeperf.ledger import Measurement, Record, records_of
 from pytest_moeperf.machine.markers import threshold_marker
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.reports import junit
@@ -66,8 +66,8 @@ class MoePerfSession(Conclusion):
 
     def records(self, item: pytest.Item, perf: Perf, test_passed: bool) -> list[Record]:
         health = item.stash.get(health_key, {})
-        return [Record(measured[-1][1], tuple(Round(m.samples, "call" if i == 0 else f"confirm {i}", test_passed,
-                                                    health.get(i), perf.unusable_for(name, i)) for i, m in measured),
+        return [Record(measured[-1][1], tuple(perf.round_of(i, name, m.samples, test_passed, health.get(i))
+                                              for i, m in measured),
                        self._threshold(item, measured[-1][1])) for name, measured in perf.by_metric().items()]
 
     def _verdict(self, record: Record, perf: Perf) -> Verdict:

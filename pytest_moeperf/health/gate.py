@@ -171,6 +171,11 @@ def judge_gpus(start: Sequence[GpuSample], end: Sequence[GpuSample], ours: set[i
                   for k in after.violation_ns.keys() & first.violation_ns.keys()}
         if "power" in deltas:
             facts[f"{gpu}_power_capped_pct"] = round(100.0 * max(0, deltas["power"]) / window_ns, 1)
+        if first.energy_mj is not None and after.energy_mj is not None and after.energy_mj >= first.energy_mj:
+            # the window's mean power draw: with its clocks and temperature, what a first-token drift is read against
+            facts[f"{gpu}_power_w"] = round((after.energy_mj - first.energy_mj) * 1e6 / window_ns, 1)
+        if first.temperature_c is not None:
+            facts[f"{gpu}_temperature_start_c"] = int(first.temperature_c)
         if deltas.get("thermal", 0) > 0:
             facts[f"{gpu}_thermal_ms"] = round(deltas["thermal"] / 1e6, 1)
             reasons.append(f"{gpu}: thermal limit held the clocks down for {deltas['thermal'] / 1e6:.0f} ms "

@@ -113,6 +113,7 @@ class GpuSample:
     mem_clock_mhz: int | None = None
     mem_clock_max_mhz: int | None = None
     temperature_c: int | None = None
+    energy_mj: int | None = None  # the GPU's energy counter since the driver loaded (millijoules)
     compute_pids: tuple[int, ...] | None = None
     ecc_uncorrected: int | None = None
     xids: tuple[int, ...] = ()  # XID events seen since the previous sample
@@ -198,6 +199,7 @@ class NvmlProbe:
                 mem_clock_mhz=_call(nvml.nvmlDeviceGetClockInfo, h, 2),  # NVML_CLOCK_MEM
                 mem_clock_max_mhz=_call(nvml.nvmlDeviceGetMaxClockInfo, h, 2),
                 temperature_c=_call(nvml.nvmlDeviceGetTemperature, h, 0),  # NVML_TEMPERATURE_GPU
+                energy_mj=_call(nvml.nvmlDeviceGetTotalEnergyConsumption, h),
                 compute_pids=None if procs is None else tuple(int(p.pid) for p in procs),
                 # uncorrected errors, volatile counter (since the driver loaded)
                 ecc_uncorrected=_call(nvml.nvmlDeviceGetTotalEccErrors, h, 1, 0),

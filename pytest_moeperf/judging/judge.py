@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from pytest_moeperf.judging.levels import judged_units
 from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference, Threshold
 from pytest_moeperf.judging.verdict import Cause, Status, Verdict, inconclusive
 from pytest_moeperf.ledger import ROUND_UNIT, Measurement, Record
@@ -77,9 +78,16 @@ class Judge:
         return self.decide(metric, tuple(m.samples for m in rounds), reference, threshold)
 
     def judge(self, record: Record) -> Verdict:
-        """The verdict of ``record``: on its usable rounds; INCONCLUSIVE with the reasons when none is usable."""
-        usable = record.measurements(usable_only=True)
-        verdict = self.values(record.metric, usable or record.measurements(), record.threshold)
+        """The verdict of ``record``: on its usable rounds; INCONCLUSIVE with the reasons when none is usable. The
+        windows of one server start are judged as one round, or each as one when this host's stored starts show the
+        start adds nothing beyond its windows (`levels.judged_units`)."""
+        chosen = [r for r in record.rounds if r.usable]
+        entry = self.baseline(record.metric)
+        units = judged_units(chosen or record.rounds, self.reference(record.metric, entry) if entry else None)
+        verdict = self.decide(record.metric, units.rounds, units.reference, record.threshold)
+        if units.note:
+            verdict = dataclasses.replace(verdict, spread="; ".join(filter(None, (verdict.spread, units.note))))
+        usable = units.rounds if chosen else ()
         unit = record.metric.context.get(ROUND_UNIT)
         if unit and len(usable) < 2 and verdict.status in (Status.REGRESSED, Status.IMPROVED) \
                 and verdict.noise_source == "family":
@@ -89,13 +97,14 @@ class Judge:
             word = "worse" if verdict.status is Status.REGRESSED else "better"
             verdict = inconclusive(verdict, f"one {unit} is {word} than the threshold; against fewer than "
                                    f"{MIN_RUNS_FOR_SPREAD} stored runs a second {unit} must agree", Cause.FEW_ROUNDS)
-        counted = counts(len(usable), len(record.rounds), str(unit)) if unit else ""
+        counted = counts(len(usable), len(record.rounds), str(unit)) if unit and not units.note else \
+            counts_windows(len(chosen), len(record.rounds), units.starts, str(unit)) if unit else ""
         if not usable:
             problems = record.problems
             cause = Cause.HEALTH if all(p.startswith("health: ") for p in problems) else Cause.WINDOW
             verdict = inconclusive(verdict, "; ".join([counted] * bool(counted) + list(problems)), cause)
-        elif len(usable) < len(record.rounds) or counted:
-            dropped = [f"{r.origin}: {'; '.join(r.problems)}" for r in record.rounds if not r.usable]
+        elif len(chosen) < len(record.rounds) or counted:
+            dropped = [f"{r.label}: {'; '.join(r.problems)}" for r in record.rounds if not r.usable]
             why = ": " + " | ".join(dropped) if dropped else ""
             told = f"{counted}{why}" if counted else f"rounds not judged{why}"
             verdict = dataclasses.replace(verdict, reason="; ".join([verdict.reason] * bool(verdict.reason) + [told]))
@@ -113,6 +122,12 @@ def counts(judged: int, rounds: int, unit: str) -> str:
         return f"{n} {unit}{'' if n == 1 else 's'}"
 
     return f"{many(judged)} judged, {rounds - judged} set aside"
+
+
+def counts_windows(judged: int, rounds: int, starts: int, unit: str) -> str:
+    """`counts` for the windows of server starts (``--moeperf-windows``)."""
+    return (f"{starts} {unit}{'' if starts == 1 else 's'} ({judged} windows) judged, {rounds - judged} window(s) "
+            "set aside")
 
 
 def settled(verdict: Verdict) -> bool:

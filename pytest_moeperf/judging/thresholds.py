@@ -73,6 +73,9 @@ class Reference:
     #: a spread learned on this host from the metric's family, and what it was learned from
     family_spread: float | None = None
     family_source: str = ""
+    #: per stored run of this host, the medians of the windows it pooled (a server start measured in several
+    #: windows: `levels`); () for a run of one window
+    windows: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.run_medians:

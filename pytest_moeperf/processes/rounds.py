@@ -37,7 +37,7 @@ from pytest_moeperf.judging.thresholds import ThresholdError
 from pytest_moeperf.ledger import DEADLINE_SKIP, ROUND_UNIT, SKIPPED, Ledger
 from pytest_moeperf.processes.children import CACHE_ENV, ONLY_ENV, ChildResult, only_file, run_child
 from pytest_moeperf.processes.termination import EXIT_TERMINATED, Terminated, sigterm_interrupts
-from pytest_moeperf.settings import DEADLINE_ENV, ROUND_ENV, Settings, starts_of
+from pytest_moeperf.settings import DEADLINE_ENV, ROUND_ENV, WINDOWS_ENV, Settings, starts_of
 from pytest_moeperf.store.entries import BaselineError
 
 
@@ -89,6 +89,7 @@ class Children:
     failed_tests: bool = False
     ran: int = 0  # child rounds run so far
     took: dict[tuple[str, ...], list[float]] = dataclasses.field(default_factory=dict)  # seconds, by ``only``
+    windows: int | None = None  # the windows a start a parent planned (``--moeperf-windows auto``)
 
     def begins(self, child: Child, only: Sequence[str] = ()) -> bool:
         """Whether ``child`` can begin: under a deadline, not when a child of the same tests took longer than what
@@ -122,6 +123,8 @@ class Children:
             env[ONLY_ENV] = str(only_file(self.scratch, only))
         if self.deadline is not None:
             env[DEADLINE_ENV] = f"{self.deadline:.3f}"
+        if self.windows is not None:
+            env[WINDOWS_ENV] = str(self.windows)
         return env
 
     def run(self, child: Child, only: Sequence[str] = ()) -> int | None:

@@ -99,11 +99,12 @@ def unit_lines(records: Iterable[Record]) -> list[str]:
         if not unit:
             continue
         most, windows, aside = units.setdefault(str(unit), (0, set(), {}))
-        units[str(unit)] = (max(most, len(record.rounds)), windows, aside)
+        starts = len({r.origin for r in record.rounds})  # the windows of one start share its origin
+        units[str(unit)] = (max(most, starts), windows, aside)
         for r in record.rounds:
-            windows.add((record.metric.test_id, r.origin))
+            windows.add((record.metric.test_id, r.label))
             if not r.usable:
-                aside.setdefault((record.metric.test_id, r.origin), _aside(r.problems))
+                aside.setdefault((record.metric.test_id, r.label), _aside(r.problems))
     lines = []
     for unit, (most, windows, aside) in units.items():
         kinds: dict[str, int] = {}

@@ -6,6 +6,7 @@ from pytest_moeperf.settings.options import (
     GPU_STARTS,
     OPTIONS,
     ROUND_ENV,
+    WINDOWS_ENV,
     Option,
     Settings,
     add_options,
@@ -15,5 +16,5 @@ from pytest_moeperf.settings.options import (
     starts_of,
 )
 
-__all__ = ["DEADLINE_ENV", "GPU_STARTS", "OPTIONS", "ROUND_ENV", "Option", "Settings", "add_options",
+__all__ = ["DEADLINE_ENV", "GPU_STARTS", "OPTIONS", "ROUND_ENV", "WINDOWS_ENV", "Option", "Settings", "add_options",
            "parse_server_urls", "quiet_floor_of", "resolve", "starts_of"]

@@ -159,6 +159,11 @@ OPTIONS: tuple[Option, ...] = (
            f"{GPU_STARTS} on a machine with GPUs, 1 without (one start against 3 or more stored runs can PASS but "
            "never reach the rank test's p < 0.05: such a verdict beyond its mde is INCONCLUSIVE)", "S|auto",
            parse_starts, None),
+    Option("windows", "windows", "measurement windows of each test that measures a start, on that one start (the "
+           "level below the start: each window one round, kept apart in the stored run); auto: planned with "
+           "--moeperf-starts auto from the stored starts' variance per level (windows are the unit of a verdict only "
+           "where the stored starts show a start adds nothing beyond its windows), else 1", "W|auto", parse_starts,
+           None),
     Option("confirm", "confirm", "the confirmation budget: re-run a test whose metric crosses its threshold up to R "
            "times, while more rounds can still decide it (against 3 stored runs a rank test needs 4 rounds), then "
            "judge it on all its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R",
@@ -199,6 +204,9 @@ OPTIONS: tuple[Option, ...] = (
 #: Set by a ``--moeperf-rounds`` parent in each child's environment: the round ("i/N"); the child writes no
 #: baselines and no Markdown (the parent does, once, from all rounds).
 ROUND_ENV = "MOEPERF_ROUND"
+#: Set by a ``--moeperf-starts`` parent in each child's environment when it planned the windows a start
+#: (``--moeperf-windows auto``): the windows each child measures a start in.
+WINDOWS_ENV = "MOEPERF_WINDOWS"
 #: Set by a parent in each child's environment under ``--moeperf-deadline``: the session's deadline as a Unix time,
 #: so that the deadline counts from the session's start across its rounds and starts, not from each child's.
 DEADLINE_ENV = "MOEPERF_DEADLINE_AT"
@@ -240,6 +248,7 @@ class Settings:
     gpu_warmup_ms: float = 0.0
     window_requests: int | None = None  # None: the profile's, else the suite's per-device count
     starts: int | None = None  # None: auto (`starts_of`)
+    windows: int | None = None  # None: auto (planned with starts auto, else 1: `processes.windows`)
     deadline_at: float | None = None  # a child's: the session's deadline as a Unix time (`DEADLINE_ENV`)
     lock_timeout_s: float = 600.0
 
@@ -333,6 +342,12 @@ def resolve(config: pytest.Config) -> Settings:
             values["deadline_at"] = float(deadline_at)
         except ValueError:
             raise pytest.UsageError(f"{DEADLINE_ENV}={deadline_at!r}: expected a Unix time") from None
+    planned = os.environ.get(WINDOWS_ENV) or None
+    if planned is not None and values.get("windows") is None:
+        try:
+            values["windows"] = parse_starts(planned)
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"{WINDOWS_ENV}={planned!r}: {exc}") from None
     round_of = os.environ.get(ROUND_ENV) or None
     if round_of is not None:  # a --moeperf-rounds child: the parent stores and writes Markdown
         values.update(update=False, markdown=None, rounds=1, confirm=0, round_of=round_of)

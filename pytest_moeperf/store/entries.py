@@ -78,11 +78,13 @@ class RunSummary:
     git_commit: str | None = None
     host: str | None = None  # the host id that measured it (None: recorded before hosts were told apart)
     boot: str | None = None  # the boot of the host it was measured in (`machine.probe.boot_id`; None: unknown)
+    #: the medians of the windows this run pooled (one server start measured in several windows; `judging.levels`)
+    windows: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, summary: Summary, provenance: Mapping[str, Any]) -> RunSummary:
+    def of(cls, summary: Summary, provenance: Mapping[str, Any], windows: Sequence[float] = ()) -> RunSummary:
         return cls(summary.median, summary.n, summary.iqr, provenance.get("date"), provenance.get("git_commit"),
-                   provenance.get("host_id"), provenance.get("boot_id"))
+                   provenance.get("host_id"), provenance.get("boot_id"), tuple(windows))
 
     @property
     def host_group(self) -> str:
@@ -94,6 +96,10 @@ class RunSummary:
         for optional in ("host", "boot"):
             if data[optional] is None:
                 del data[optional]
+        if self.windows:
+            data["windows"] = [_round(w) for w in self.windows]
+        else:
+            del data["windows"]
         return data
 
 
@@ -180,7 +186,8 @@ class BaselineEntry:
         groups = self.hosts()
         others = len(groups) - (1 if mine else 0)
         if len(mine) >= MIN_RUNS_FOR_SPREAD or (mine and len(groups) < MIN_HOSTS_FOR_SPREAD):
-            return Reference(tuple(r.median for r in mine), _within_rel_iqr(mine), sittings=sittings(mine))
+            return Reference(tuple(r.median for r in mine), _within_rel_iqr(mine), sittings=sittings(mine),
+                             windows=tuple(r.windows for r in mine if r.windows))
         medians = tuple(stats.median([r.median for r in g]) for g in groups.values())
         spread = stats.relative_spread(medians) if len(groups) >= MIN_HOSTS_FOR_SPREAD else None
         label = f"{others} other host{'s' if others != 1 else ''}"
@@ -206,10 +213,16 @@ class BaselineEntry:
                               **{k: _number(where, key, f"summary.{k}", v) for k, v in raw.items()})
             runs = []
             for i, run in enumerate(data.get("runs", [])):
+                windows = run.get("windows", [])
+                if not isinstance(windows, list):
+                    raise BaselineError(f"{where}: metric {key!r}: runs[{i}].windows must be a list of numbers, "
+                                        f"got {windows!r} (left untouched)")
                 runs.append(RunSummary(_number(where, key, f"runs[{i}].median", run["median"]),
                                        _count(where, key, f"runs[{i}].n", run["n"]),
                                        _number(where, key, f"runs[{i}].iqr", run["iqr"]), run.get("date"),
-                                       run.get("git_commit"), run.get("host"), run.get("boot")))
+                                       run.get("git_commit"), run.get("host"), run.get("boot"),
+                                       tuple(_number(where, key, f"runs[{i}].windows[{j}]", w)
+                                             for j, w in enumerate(windows))))
             return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
                        better=str(data["better"]), summary=summary, context=dict(data.get("context", {})),
                        provenance=dict(data.get("provenance", {})), runs=tuple(runs), since=data.get("since"))
@@ -227,7 +240,8 @@ class BaselineEntry:
     def from_measurement(cls, m: Measurement, provenance: Mapping[str, Any]) -> BaselineEntry:
         summary = summarize(m.samples)
         return cls(key=m.key, test_id=m.test_id, name=m.name, unit=m.unit, better=m.better, summary=summary,
-                   context=dict(m.context), provenance=dict(provenance), runs=(RunSummary.of(summary, provenance),))
+                   context=dict(m.context), provenance=dict(provenance),
+                   runs=(RunSummary.of(summary, provenance, m.windows),))
 
 
 def merge_entries(a: BaselineEntry, b: BaselineEntry, keep: int) -> BaselineEntry:

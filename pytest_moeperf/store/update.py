@@ -1,7 +1,10 @@
 """What a ``--moeperf-update`` writes from the ledger, and what it leaves out and why.
 
 Each round that can be stored adds one run to its metric: the test passed in that round, the health gate passed
-its window and the test did not declare the window degenerate. A metric with no such round is left out, named.
+its window and the test did not declare the window degenerate. The windows of one server start (rounds with a
+window number, `ledger.Round.window`) are one run: their samples pooled, each window's median kept beside them
+(`judging.levels` learns the start's and the window's variance from them). A metric with no such round is left
+out, named.
 A metric of a family that moved together (the machine-shift view: usually the machine, not the code) is left out
 unless ``--moeperf-accept-shift`` says the machine's new state is the one to guard. Nothing is written from a
 simulated topology.
@@ -13,6 +16,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pytest_moeperf.judging import stats
+from pytest_moeperf.judging.levels import starts_of
 from pytest_moeperf.judging.shift import Family
 from pytest_moeperf.ledger import Ledger, Measurement
 
@@ -47,7 +52,10 @@ def plan_update(ledger: Ledger, moved: Sequence[Family], accept_shift: bool, sim
             why = "test failed" if not any(r.test_passed for r in record.rounds) else "; ".join(record.problems)
             unusable.setdefault(why, []).append(key)
             continue
-        plan.measurements.extend(dataclasses.replace(record.metric, samples=r.samples) for r in rounds)
+        for start in starts_of(rounds):
+            pooled = tuple(x for r in start for x in r.samples)
+            windows = tuple(stats.median(r.samples) for r in start) if start[0].window is not None else ()
+            plan.measurements.append(dataclasses.replace(record.metric, samples=pooled, windows=windows))
     for why, keys in unusable.items():
         plan.problems.append(f"{len(keys)} metric(s) not written to the baselines ({why}): {_named(keys)}")
     for (name, metric), keys in held.items():

@@ -21,6 +21,7 @@ model (`pytest_moeperf.serving.load.timing`). Each launched profile's time to he
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +157,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def measure_and_record(
     served: Served, perf: PerfRecorder, shape: LoadShape, settings: Settings, endpoint: Endpoint
 ) -> None:
+    began = time.monotonic()
     wl = WORKLOADS[served.profile.device]
     count, tails = window_size(served.profile, shape, settings.window_requests, settings.quick)
     warm = warm_count(shape, count, wl.warmup)
@@ -183,6 +185,9 @@ def measure_and_record(
         # part of the metrics' identity: a baseline of another workload (or scored on the whole window) is not compared
         workload=sized_workload(f"{workload}; plateau", settings.window_requests),
         server_pids=",".join(map(str, served.server_pids)) or None,
+        # what a window and a start cost: the plan of starts x windows reads them (`judging.levels`)
+        window_s=round(time.monotonic() - began, 1),
+        start_s=None if served.startup_s is None else round(served.startup_s, 1),
     )
     perf.context(**served.start_settings())  # async scheduling, graph sizes, CPU placement: the start's settings
     # the engine's TPOT tells a window whose answers arrived in bursts from a fast one: seen in a clean-clone CI

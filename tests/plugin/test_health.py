@@ -125,13 +125,17 @@ def gpu(t: float, **kw: Any) -> GpuSample:
 
 def test_power_cap_is_a_fact_and_thermal_hw_slowdown_ecc_xid_and_other_processes_fail() -> None:
     base = dict(violation_ns={"power": 0, "thermal": 5}, ecc_uncorrected=0, compute_pids=(100,))
-    quiet_reasons, facts = judge_gpus([gpu(0.0, reasons=0x4, **base)],
-                                      [gpu(1.0, reasons=0x4, sm_clock_mhz=1755, sm_clock_max_mhz=1980,
-                                           temperature_c=61, violation_ns={"power": 400_000_000, "thermal": 5},
-                                           ecc_uncorrected=0, compute_pids=(100, 4242))], ours={100}, visible={100})
+    quiet_reasons, facts = judge_gpus([gpu(0.0, reasons=0x4, temperature_c=55, energy_mj=1_000_000, **base)],
+                                      [gpu(2.0, reasons=0x4, sm_clock_mhz=1755, sm_clock_max_mhz=1980,
+                                           temperature_c=61, violation_ns={"power": 800_000_000, "thermal": 5},
+                                           energy_mj=2_300_000, ecc_uncorrected=0, compute_pids=(100, 4242))],
+                                      ours={100}, visible={100})
     assert quiet_reasons == []  # SW power cap: normal under load; pid 4242 is in another PID namespace
-    assert facts == {"gpu0_clock_events": "sw_power_cap", "gpu0_power_capped_pct": 40.0, "gpu0_sm_clock_mhz": 1755,
-                     "gpu0_sm_clock_max_mhz": 1980, "gpu0_temperature_c": 61, "gpu0_unresolved_pids": 1}
+    # the window's mean power from the energy counter (1,300 J in 2 s) and its temperature at both ends: what a
+    # first-token drift is read against
+    assert facts == {"gpu0_clock_events": "sw_power_cap", "gpu0_power_capped_pct": 40.0, "gpu0_power_w": 650.0,
+                     "gpu0_temperature_start_c": 55, "gpu0_sm_clock_mhz": 1755, "gpu0_sm_clock_max_mhz": 1980,
+                     "gpu0_temperature_c": 61, "gpu0_unresolved_pids": 1}
     bad, facts = judge_gpus([gpu(0.0, reasons=0x0, **base)],
                             [gpu(1.0, reasons=0x40 | 0x4, violation_ns={"power": 0, "thermal": 120_000_005},
                                  ecc_uncorrected=2, compute_pids=(100, 555), xids=(79,))], ours={100},
@@ -197,6 +201,9 @@ class FakeNvml(SimpleNamespace):
     def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
         return 55
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: object) -> int:
+        return 123_456
+
     def nvmlDeviceGetTotalEccErrors(self, handle: object, kind: int, counter: int) -> int:
         raise RuntimeError("NVMLError_NotSupported")
 
@@ -208,6 +215,7 @@ def test_nvml_probe_reads_each_field_and_leaves_unsupported_ones_unknown() -> No
     assert sample.reasons == 0x4 and sample.sm_clock_mhz == 1755 and sample.mem_clock_max_mhz == 3201
     assert sample.violation_ns == {"power": 0, "thermal": 1000, "board_limit": 3000}
     assert sample.compute_pids == (os.getpid(),) and sample.ecc_uncorrected is None and sample.temperature_c == 55
+    assert sample.energy_mj == 123_456
     assert sample.xids == ()
     fake.events.append("xid")
     assert probe.sample([0])[0].xids == (79,)
