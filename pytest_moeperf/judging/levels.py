@@ -200,7 +200,9 @@ def levels_section(found: Sequence[tuple[str, Components]]) -> Section | None:
         return None
 
     def pct(c: Components, level: str) -> str:
-        return "<= 0" if level == START and c.start_adds_nothing else f"{c.rcv(level) * 100:.2f} %"
+        if level == START and c.start_adds_nothing:
+            return "<= 0"
+        return f"{c.rcv(level) * 100:.2f} %" if c.mean else "- (mean 0)"
 
     rows = tuple((key, c.starts, c.windows, pct(c, START), pct(c, WINDOW), c.unit) for key, c in sorted(found))
     return Section(LEVELS_TITLE, ("metric", "stored starts", "windows", "start's own rCV", "window's own rCV",

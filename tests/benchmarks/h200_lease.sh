@@ -18,13 +18,19 @@
 #            expect REGRESSED on those two; the client's TPOT, ITL and E2EL, which measure the same decode steps,
 #            and the rest are left alone: the run's own A/A, expect no REGRESSED and no IMPROVED); PHASE=aa judges
 #            4 starts as they are. 4 starts against 3 stored runs is the fewest that the rank test can decide on
+#   levels   the Kimi-K2.5 rank's start-up and c=1, c=16, c=64 closed loops (--moeperf-quick windows, minimum effect
+#            2.5 %), baselines in $LBL (default .moeperf/levels-baselines): PHASE=record stores STARTS (3) starts of
+#            WINDOWS (2) windows each, their windows apart (--update); PHASE=ab judges with every decode metric of the
+#            server and the client x1.05 (TPOT, ITL, output throughput: moeperf_inject) and the plan of starts x
+#            windows the stored levels give (--moeperf-starts/--moeperf-windows auto); TTFT, E2EL and the request
+#            throughput are left alone, the run's own A/A; PHASE=aa judges as it is
 #
 # Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7), BL (the baselines
 # record and judge use, default .moeperf/lease-baselines: a copy of baselines/ made by the first step that needs it,
 # git-ignored, so it lasts between the calls of one lease; the tracked baselines/ is sent afresh with every call).
 # The lease's steps are chained within ~30 s of each other (the machine goes back when idle), so each is one line.
 set -uo pipefail
-STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi|gate}
+STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi|gate|levels}
 OUT=${OUT:?set OUT}; LIMIT=${LIMIT:-560}
 ROOT=$PWD
 export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -90,6 +96,26 @@ gate)
   timeout -s INT -k 20 "$LIMIT" python3 -m pytest_moeperf.cli batch "${args[@]}"
   echo "batch exit $?"
   pack "${GBL#/}"
+  ;;
+levels)
+  facts
+  LBL=${LBL:-$ROOT/.moeperf/levels-baselines}
+  args=(serving --serving-k "${LEVELS_K:-gpu-kimi-rank-tp1-nospec and (startup or closed_loop)}"
+        --deadline "$((LIMIT - 25))" --grace 30 --baselines "$LBL" --out "$W/batch")
+  export PYTEST_ADDOPTS="--moeperf-tolerance 0.025 --moeperf-quick${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+  case ${PHASE:-record} in
+  record) args+=(--update --no-aa); PYTEST_ADDOPTS+=" --moeperf-starts ${STARTS:-3} --moeperf-windows ${WINDOWS:-2}" ;;
+  ab) export PYTHONPATH=$PYTHONPATH:$ROOT/tests/benchmarks
+      export MOEPERF_INJECT='*::*tpot*=1.05,*::*itl*=1.05,*::output_throughput=1.05'
+      PYTEST_ADDOPTS+=" -p moeperf_inject" ;;
+  aa) ;;
+  *) echo "unknown PHASE ${PHASE}"; exit 2 ;;
+  esac
+  echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS MOEPERF_INJECT=${MOEPERF_INJECT:-}" | tee -a "$W/facts.txt"
+  timeout -s INT -k 20 "$LIMIT" python3 -m pytest_moeperf.cli batch "${args[@]}"
+  echo "batch exit $?"
+  grep -h "plan from\|are the unit\|not planned\|cut to" "$W"/batch/serving.log 2>/dev/null | head -8
+  pack "${LBL#/}"
   ;;
 kimi)
   OUT=$W DEADLINE=$((LIMIT - 20)) bash scripts/gpu-kimi-rank.sh
