@@ -4,7 +4,7 @@
   (the glossary's: the 16 CPU GEMM ``time`` cases). The index has one row per suite and family.
 * A family's **level** on a lane, per session: the median over its cases of each case's value divided by that case's
   median over the lane's window. 1.0 is the case's usual value; a step of the whole family moves it; the sparkline
-  draws it.
+  draws it. A case whose median is 0 counts 1.0 where it is 0 and nothing elsewhere (`family_level`).
 * A family's **change points** on a lane: its cases' change points (`changes.all_steps`) grouped by the session
   where each step starts, with how many cases stepped there and their median size.
 
@@ -79,16 +79,21 @@ def medians(series: Series) -> dict[tuple[str, int], list[float]]:
             for lane, points in lanes.items()}
 
 
-def family_level(cases: Sequence[Sequence[tuple[int, MetricRecord]]]) -> list[tuple[int, float]]:
-    """Per session (in the order first seen over ``cases``), the median of value over the case's own median."""
+def family_level(cases: Sequence[Sequence[tuple[int, MetricRecord]]]) -> list[tuple[int, float | None]]:
+    """Per session (in the order first seen over ``cases``), the median over its cases of value over the case's own
+    median. A case whose median is 0 (a ``failed_rate`` that stays 0) has no ratio: it counts 1.0 (its usual value)
+    where its value is 0 too, and nothing where it is not; a session where no case counts has no level (None, a gap
+    in the sparkline). Every session of ``cases`` is listed, with or without a level."""
     ratios: dict[int, list[float]] = {}
     for points in cases:
         typical = statistics.median(m.median for _, m in points)
-        if typical == 0:
-            continue
         for sid, m in points:
-            ratios.setdefault(sid, []).append(m.median / typical)
-    return [(sid, statistics.median(values)) for sid, values in ratios.items()]
+            found = ratios.setdefault(sid, [])
+            if typical != 0:
+                found.append(m.median / typical)
+            elif m.median == 0:
+                found.append(1.0)
+    return [(sid, statistics.median(values) if values else None) for sid, values in ratios.items()]
 
 
 def worse(better: str, relative: float) -> bool:

@@ -18,6 +18,7 @@ from pytest_moeperf.dashboard.build import Options, guarded
 from pytest_moeperf.dashboard.model import page_of
 from tests.dashboard import chromium
 from tests.dashboard.histories import GEMM, Made, fill
+from tests.dashboard.test_build import payload
 
 EXECUTABLE = chromium.binary()
 REQUIRE = "MOEPERF_REQUIRE_CHROMIUM"  # .ci/run sets it: there a missing Chromium fails the test, not skips it
@@ -25,6 +26,7 @@ if EXECUTABLE is None and os.environ.get(REQUIRE) != "1":
     pytestmark = pytest.mark.skip(reason="Chromium is not installed (Debian: apt-get install chromium); .ci/run "
                                   "installs it for this test")
 HOST_COLORS = {"runner-a": (0x1F, 0x77, 0xB4), "runner-b": (0x2C, 0xA0, 0x2C)}  # dashboard.js COLORS[lane]
+LANE_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#e377c2")  # all of them
 STEP_COLOR = (0xD8, 0x1B, 0x60)
 
 # Pixels of the chart's canvas near an RGB colour: their count, and the columns where at least `tall` of them stand
@@ -133,3 +135,34 @@ def test_the_filters_change_what_is_shown(site: tuple[Path, Made], page: chromiu
     assert len(texts(page, "#points tbody tr")) == 4
     assert page.evaluate("document.getElementById('nosteps') !== null")
     assert page.evaluate("document.querySelector('a.home').getAttribute('href')") == "../index.html#branch=topic&days=7"
+
+
+@pytest.fixture(scope="module")
+def real_site(real_suites: tuple[Path, int], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("real-dashboard") / "site"
+    guarded(Options(target=str(real_suites[0]), out=out, jobs=1), lambda _: None)
+    return out
+
+
+def test_the_real_suites_draw_with_their_zeros(real_site: Path, page: chromium.Page) -> None:
+    """A history of the four real suites (`real_history`): a ``failed_rate`` of 0 is drawn on its line at 0 (the chart
+    once spanned 0 .. 0 and drew nothing), and a level a session lacks (a start-up phase whose usual value is 0 s and
+    that was not 0) is a gap in the sparkline, not a point at 0."""
+    load(page, real_site / "index.html")
+    assert sorted(set(texts(page, "#index td.suite"))) == ["allreduce", "gemm", "serving", "specdecode"]
+    rows = payload(real_site / "index.html")["rows"]
+    assert page.evaluate("document.querySelectorAll('#index svg.spark').length") == sum(len(r["lanes"]) for r in rows)
+    gapped = [(r, lane) for r in rows for lane in r["lanes"] if None in lane["y"][-30:] and len(lane["y"]) > 1]
+    assert gapped, "the real history has a session without a level"
+    titles = texts(page, "#index svg.spark title")
+    assert sum("without one (cases whose usual value is 0 were not 0)" in t for t in titles) == len(gapped)
+    points = page.evaluate("Array.from(document.querySelectorAll('#index svg.spark polyline'))"
+                           ".map(function (p) { return p.getAttribute('points'); })")
+    assert points and not any("NaN" in p for p in points)
+    failed = next(r for r in rows if r["metric"] == "failed_rate" and len(r["lanes"]) > 1)
+    load(page, real_site / failed["cases"][0]["page"])
+    lanes = payload(real_site / failed["cases"][0]["page"])["lanes"]
+    assert all(p[1] == 0.0 for lane in lanes for p in lane["p"])
+    for lane in lanes:
+        rgb = [int(LANE_COLORS[lane["lane"] % len(LANE_COLORS)][i:i + 2], 16) for i in (1, 3, 5)]
+        assert page.evaluate(f"{PIXELS}({rgb}, 1000)")["count"] > 20, f"lane {lane['lane']}'s zeros are not drawn"

@@ -62,6 +62,22 @@ def test_a_site_from_either_backend_marks_the_step_at_its_commit(target: str, tm
     assert all(len(lane["steps"]) == 1 for lane in payload(out / page_of(GEMM.format(0)))["lanes"])
 
 
+def test_a_metric_whose_value_is_zero_is_drawn(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's two sessions of a ``failed_rate`` of 0 (serving records one in every session): the build crashed
+    with a ``KeyError`` in `model.index_rows`."""
+    pytester.makepyfile(test_z='def test_z(perf):\n    perf.record("failed_rate", [0.0, 0.0], unit="fraction")\n')
+    for _ in range(2):
+        assert run_moeperf("--moeperf-history", "h.sqlite").ret == 0
+    out = pytester.path / "site"
+    assert cli.main(["dashboard", "--db", str(pytester.path / "h.sqlite"), "--out", str(out), "--jobs", "1"]) == 0
+    assert "1 families, 1 metrics, 2 of 2 sessions" in capsys.readouterr().out
+    [row] = payload(out / "index.html")["rows"]
+    assert [(lane["y"], lane["k"]) for lane in row["lanes"]] == [([1.0, 1.0], [[0, 0, 0, 0, 1, 0]] * 2)]  # NEW x2
+    [lane] = payload(out / page_of("test_z.py::test_z::failed_rate"))["lanes"]
+    assert [p[1] for p in lane["p"]] == [0.0, 0.0]
+
+
 def test_the_window_keeps_the_last_sessions_of_each_host(tmp_path: Path) -> None:
     target = str(tmp_path / "h.sqlite")
     fill(target)

@@ -54,6 +54,18 @@ def test_a_family_level_is_the_median_case_over_its_own_median() -> None:
     assert level == [(1, 1.0), (2, 1.0), (3, pytest.approx(1.1))]
 
 
+def test_a_case_whose_usual_value_is_zero_counts_one_where_it_is_zero() -> None:
+    failed = [(1, metric(0.0)), (2, metric(0.0)), (3, metric(0.25, "REGRESSED"))]  # median 0: no ratio to it
+    assert model.family_level([failed]) == [(1, 1.0), (2, 1.0), (3, None)]  # session 3: no level, a gap
+    fast = [(1, metric(10.0)), (2, metric(10.0)), (3, metric(11.0))]
+    assert model.family_level([failed, fast]) == [(1, 1.0), (2, 1.0), (3, pytest.approx(1.1))]
+    window = select([stored(i, "a", f"2026-01-01T00:0{i}:00") for i in (1, 2, 3)], last=10)
+    [row] = model.index_rows(window, {"suites/serving/test_s.py::t::failed_rate": {0: failed}}, {})
+    [lane] = row["lanes"]
+    assert (lane["s"], lane["y"]) == ([1, 2, 3], [1.0, 1.0, None])
+    assert lane["k"] == [[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 1], [1, 0, 0, 0, 0, 0]]  # every session's verdicts
+
+
 def test_index_groups_the_cases_change_points_by_session() -> None:
     sessions = [stored(i, "a", f"2026-01-01T00:{i:02d}:00") for i in range(6)]
     window = select(sessions, last=10)

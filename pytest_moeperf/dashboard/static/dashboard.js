@@ -106,18 +106,28 @@
 
   /* ------------------------------------------------------------------ index */
   function sparkline(ys, marks) {
-    // at least 0.95 .. 1.05 tall: noise of a few percent stays small beside a step of ten
-    var w = 160, h = 30, pad = 3, lo = Math.min(0.95, Math.min.apply(null, ys)), hi = Math.max(1.05, Math.max.apply(null, ys));
+    // ys: the level per session, null where it has none (a case whose usual value is 0 and that was not 0): a gap.
+    // At least 0.95 .. 1.05 tall: noise of a few percent stays small beside a step of ten
+    var known = ys.filter(function (v) { return v !== null; });
+    var w = 160, h = 30, pad = 3, lo = Math.min.apply(null, [0.95].concat(known)), hi = Math.max.apply(null, [1.05].concat(known));
     var span = Math.max(hi - lo, 1e-9), x = function (i) { return ys.length < 2 ? w / 2 : pad + i * (w - 2 * pad) / (ys.length - 1); };
     var y = function (v) { return h - pad - (v - lo) * (h - 2 * pad) / span; };
     var node = svg("svg", {width: w, height: h, viewBox: "0 0 " + w + " " + h, class: "spark"});
-    node.appendChild(svg("polyline", {points: ys.map(function (v, i) { return x(i).toFixed(1) + "," + y(v).toFixed(1); }).join(" "),
-                                      fill: "none", stroke: "#455a64", "stroke-width": 1.2}));
-    marks.forEach(function (i) { node.appendChild(svg("circle", {cx: x(i), cy: y(ys[i]), r: 2.8, fill: STEP, class: "step"})); });
-    node.appendChild(svg("circle", {cx: x(ys.length - 1), cy: y(ys[ys.length - 1]), r: 2, fill: "#000"}));
-    var title = svg("title", {});
-    title.textContent = "level (median over cases of value / case median): " + fmt(Math.min.apply(null, ys)) + " .. " +
-      fmt(Math.max.apply(null, ys)) + "; scale " + fmt(lo) + " .. " + fmt(hi);
+    var runs = [[]];
+    ys.forEach(function (v, i) {
+      if (v === null) { if (runs[runs.length - 1].length) runs.push([]); }
+      else runs[runs.length - 1].push(x(i).toFixed(1) + "," + y(v).toFixed(1));
+    });
+    runs.forEach(function (r) {
+      if (r.length > 1) node.appendChild(svg("polyline", {points: r.join(" "), fill: "none", stroke: "#455a64", "stroke-width": 1.2}));
+      else if (r.length === 1) node.appendChild(svg("circle", {cx: r[0].split(",")[0], cy: r[0].split(",")[1], r: 1.2, fill: "#455a64"}));
+    });
+    marks.forEach(function (i) { if (ys[i] !== null) node.appendChild(svg("circle", {cx: x(i), cy: y(ys[i]), r: 2.8, fill: STEP, class: "step"})); });
+    if (ys.length && ys[ys.length - 1] !== null) node.appendChild(svg("circle", {cx: x(ys.length - 1), cy: y(ys[ys.length - 1]), r: 2, fill: "#000"}));
+    var title = svg("title", {}), gaps = ys.length - known.length;
+    title.textContent = (known.length ? "level (median over cases of value / case median): " + fmt(Math.min.apply(null, known)) + " .. " +
+      fmt(Math.max.apply(null, known)) + "; scale " + fmt(lo) + " .. " + fmt(hi) : "no level") +
+      (gaps ? "; " + gaps + " session(s) without one (cases whose usual value is 0 were not 0)" : "");
     node.appendChild(title);
     return node;
   }
@@ -237,7 +247,8 @@
     // the y range holds the medians and the baselines; a wide tolerance band is clipped rather than squashing them
     var seen = [];
     lanes.forEach(function (l) { l.p.forEach(function (p) { seen.push(p[1]); if (p[4] !== null) seen.push(p[4]); }); });
-    var low = Math.min.apply(null, seen), high = Math.max.apply(null, seen), pad = Math.max((high - low) * 0.08, Math.abs(high) * 0.01);
+    var low = Math.min.apply(null, seen), high = Math.max.apply(null, seen);
+    var pad = Math.max((high - low) * 0.08, Math.abs(high) * 0.01) || 1;  // a series of zeros (failed_rate): -1 .. 1
     chart = new uPlot({width: Math.max(480, Math.min(box.clientWidth || 1100, 1400)), height: 380, series: series,
                        bands: bands, scales: {x: {time: true}, y: {range: function () { return [low - pad, high + pad]; }}},
                        axes: [{}, {label: P.unit, size: 70}], legend: {live: false},
