@@ -2,7 +2,8 @@
 render every page, and put the site at ``--out`` whole or not at all.
 
 Everything is read and checked before anything is written; the site is written into a fresh folder beside ``--out``
-and renamed into place, replacing an earlier dashboard only (a folder holding `render.MANIFEST`) or an empty folder.
+and renamed into place, replacing an earlier dashboard only (a folder holding `render.MANIFEST`) or an empty folder;
+an ``--out`` that is a symlink stays one, and the site goes where it points.
 A failure at any step removes the new folder and leaves ``--out`` as it was."""
 
 from __future__ import annotations
@@ -58,12 +59,26 @@ def is_dashboard(path: Path) -> bool:
     return (path / render.MANIFEST).is_file()
 
 
+def destination(out: Path) -> Path:
+    """Where the site goes: ``out``, or where it points when it is a symlink (the link is kept; what it points to is
+    written as ``out`` itself would be)."""
+    if not out.is_symlink():
+        return out
+    try:
+        return out.resolve()
+    except (OSError, RuntimeError) as exc:  # a loop: RuntimeError before Python 3.13
+        raise DashboardError(f"--out {out} is a symlink that cannot be followed: {exc}") from None
+
+
 def check_out(out: Path) -> None:
-    """``--out`` may be new, an empty folder or an earlier dashboard; anything else is refused before any work."""
-    if out.exists() and not out.is_dir():
-        raise DashboardError(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not is_dashboard(out):
-        raise DashboardError(f"--out {out} exists and is not a moeperf dashboard (no {render.MANIFEST} in it): "
+    """``--out`` may be new, an empty folder or an earlier dashboard (or a symlink to one of these); anything else is
+    refused before any work."""
+    where = destination(out)
+    named = f"--out {out}" + (f" (a symlink to {where})" if where != out else "")
+    if where.exists() and not where.is_dir():
+        raise DashboardError(f"{named} is a file, not a folder")
+    if where.is_dir() and any(where.iterdir()) and not is_dashboard(where):
+        raise DashboardError(f"{named} exists and is not a moeperf dashboard (no {render.MANIFEST} in it): "
                              "name a new or empty folder, or an earlier dashboard to replace")
 
 
@@ -82,8 +97,10 @@ def pages(window: Window, series: model.Series, steps: Mapping[tuple[str, int], 
 
 
 def write_site(out: Path, files: Mapping[str, str | bytes]) -> None:
-    """Write ``files`` into a fresh folder beside ``out``, then rename it into place (replacing what `check_out`
-    allowed); on any failure nothing new is left and ``out`` is as it was."""
+    """Write ``files`` into a fresh folder beside ``out`` (beside where it points, when it is a symlink), then rename
+    it into place (replacing what `check_out` allowed); on any failure nothing new is left and ``out`` is as it
+    was."""
+    out = destination(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:

@@ -144,6 +144,37 @@ def test_an_earlier_dashboard_or_an_empty_folder_is_replaced_whole(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite", "site"]
 
 
+def test_an_out_that_is_a_symlink_gets_the_site_where_it_points(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The link is kept and the site written where it points, nothing left beside either (the link was replaced by a
+    folder, the folder it named kept the old site, and a ``.NAME.old-PID`` link was left behind)."""
+    target = str(tmp_path / "h.sqlite")
+    fill(target, sessions=4)
+    www = tmp_path / "www"
+    guarded(Options(target=target, out=www / "site", jobs=1), lambda _: None)
+    (www / "site" / "m" / "stale.html").write_text("from an older build")
+    link = tmp_path / "site"
+    link.symlink_to(www / "site")
+    guarded(Options(target=target, out=link, jobs=1), lambda _: None)
+    assert link.is_symlink() and link.readlink() == www / "site"
+    assert (www / "site" / "index.html").is_file() and not (www / "site" / "m" / "stale.html").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite", "site", "www"]
+    assert [p.name for p in www.iterdir()] == ["site"]
+    fresh = tmp_path / "fresh"  # a link to a folder not made yet: made there
+    fresh.symlink_to("www/new")
+    guarded(Options(target=target, out=fresh, jobs=1), lambda _: None)
+    assert fresh.is_symlink() and (www / "new" / "index.html").is_file()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep me")
+    (tmp_path / "mine").symlink_to("notes")
+    _refused(["--db", target, "--out", str(tmp_path / "mine")], capsys,
+             f"--out {tmp_path / 'mine'} (a symlink to {tmp_path / 'notes'}) exists and is not a moeperf dashboard")
+    (tmp_path / "loop").symlink_to("loop")
+    _refused(["--db", target, "--out", str(tmp_path / "loop")], capsys, "is a symlink that cannot be followed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "h.sqlite", "loop", "mine", "notes", "site", "www"]
+    assert [p.name for p in (tmp_path / "notes").iterdir()] == ["mine.txt"]
+
+
 def test_a_write_that_fails_half_way_leaves_the_earlier_site(tmp_path: Path) -> None:
     out = tmp_path / "site"
     write_site(out, {"index.html": "old", render.MANIFEST: "{}"})
