@@ -3,16 +3,18 @@ render every page, and put the site at ``--out`` whole or not at all.
 
 Everything is read and checked before anything is written; the site is written into a fresh folder beside ``--out``
 and renamed into place, replacing an earlier dashboard only (a folder holding `render.MANIFEST`) or an empty folder;
-an ``--out`` that is a symlink stays one, and the site goes where it points.
+what an earlier dashboard holds that its build did not write (its manifest lists the files) is copied into the new
+one and named. An ``--out`` that is a symlink stays one, and the site goes where it points.
 A failure at any step removes the new folder and leaves ``--out`` as it was."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +55,8 @@ class Built:
     families: int
     change_points: int
     seconds: Mapping[str, float] = field(default_factory=dict)  # per phase: read, detect, render, write
+    kept: tuple[str, ...] = ()  # files of the earlier dashboard at --out that no build wrote (CNAME, .nojekyll)
+    dropped: tuple[str, ...] = ()  # such files not kept, each with why
 
 
 def is_dashboard(path: Path) -> bool:
@@ -96,10 +100,46 @@ def pages(window: Window, series: model.Series, steps: Mapping[tuple[str, int], 
     return files
 
 
-def write_site(out: Path, files: Mapping[str, str | bytes]) -> None:
-    """Write ``files`` into a fresh folder beside ``out`` (beside where it points, when it is a symlink), then rename
-    it into place (replacing what `check_out` allowed); on any failure nothing new is left and ``out`` is as it
-    was."""
+def _entries(site: Path) -> Iterator[tuple[str, Path]]:
+    """Every file, link and other non-folder under ``site`` (links are not followed), by relative path."""
+    for folder, dirs, names in os.walk(site):
+        base = Path(folder)
+        for name in sorted([d for d in dirs if (base / d).is_symlink()] + names):
+            yield (base / name).relative_to(site).as_posix(), base / name
+
+
+def carry_over(old: Path, fresh: Path, files: Collection[str]) -> tuple[list[str], list[str]]:
+    """Copy into ``fresh`` what the earlier dashboard ``old`` holds that its build did not write (by its manifest:
+    a ``CNAME``, a ``.nojekyll``, a page of one's own); the copies leave ``old`` whole until the rename. Returns the
+    paths kept, and those not kept with why."""
+    if not is_dashboard(old):
+        return [], []
+    ours = render.written((old / render.MANIFEST).read_text(errors="replace"))
+    kept, dropped = [], []
+    for name, path in sorted(_entries(old)):
+        if ours(name):
+            continue
+        if name in files or any(f.startswith(f"{name}/") for f in files):
+            dropped.append(f"{name} (the build writes its own)")
+            continue
+        mode, target = path.lstat().st_mode, fresh / name
+        if not stat.S_ISLNK(mode) and not stat.S_ISREG(mode):
+            dropped.append(f"{name} (not a regular file or a symlink)")
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if stat.S_ISLNK(mode):
+            target.symlink_to(os.readlink(path))
+        else:
+            shutil.copy2(path, target)
+        kept.append(name)
+    return kept, dropped
+
+
+def write_site(out: Path, files: Mapping[str, str | bytes]) -> tuple[list[str], list[str]]:
+    """Write ``files`` into a fresh folder beside ``out`` (beside where it points, when it is a symlink), with what an
+    earlier dashboard there holds that its build did not write (`carry_over`), then rename it into place (replacing
+    what `check_out` allowed); on any failure nothing new is left and ``out`` is as it was. Returns `carry_over`'s
+    lists."""
     out = destination(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
@@ -108,6 +148,7 @@ def write_site(out: Path, files: Mapping[str, str | bytes]) -> None:
             path = fresh / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content.encode() if isinstance(content, str) else content)
+        kept = carry_over(out, fresh, files.keys()) if out.is_dir() else ([], [])
         os.chmod(fresh, 0o755)  # mkdtemp's 0700 would hide the site from a web server's user
         old = None
         if out.exists():
@@ -121,6 +162,7 @@ def write_site(out: Path, files: Mapping[str, str | bytes]) -> None:
             raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        return kept
     except BaseException:
         shutil.rmtree(fresh, ignore_errors=True)
         raise
@@ -157,17 +199,22 @@ def build(options: Options, progress: Callable[[str], None] = lambda _: None) ->
     families = len({model.family_of(k) for k in series})
     files[render.MANIFEST] = render.manifest({"sessions": len(window.sessions), "history_sessions": window.total,
                                               "metrics": len(series), "families": families, "change_points": found,
-                                              "latest": window.latest, "source": redact(options.target)})
+                                              "latest": window.latest, "source": redact(options.target)}, files)
     seconds["render"] = time.perf_counter() - clock
     clock = time.perf_counter()
     progress(f"writing {len(files)} files to {options.out}")
     try:
-        write_site(options.out, files)
+        kept, dropped = write_site(options.out, files)
     except OSError as exc:
         raise DashboardError(f"cannot write the dashboard to {options.out}: {exc.strerror or exc}") from None
     seconds["write"] = time.perf_counter() - clock
+    if kept:
+        progress(f"kept {len(kept)} file(s) of {options.out} that no build wrote: {', '.join(kept[:10])}"
+                 + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""))
+    if dropped:
+        progress(f"not kept from {options.out}: {', '.join(dropped)}")
     return Built(out=options.out, shown=len(window.sessions), total=window.total, metrics=len(series),
-                 families=families, change_points=found, seconds=seconds)
+                 families=families, change_points=found, seconds=seconds, kept=tuple(kept), dropped=tuple(dropped))
 
 
 def guarded(options: Options, progress: Callable[[str], None]) -> Built:

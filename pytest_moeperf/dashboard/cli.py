@@ -35,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"history database: a SQLite path or postgresql://… URL (default: ${ENV}, else "
                         f"{default_target()})")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="the site's folder: new, empty, or an earlier dashboard (replaced whole)")
+                   help="the site's folder: new, empty, or an earlier dashboard (replaced; the files no build wrote, "
+                        "such as a CNAME, are kept and named); a symlink to one is followed and kept")
     p.add_argument("--sessions", type=at_least(3), default=DEFAULT_SESSIONS, metavar="N",
                    help="the last N sessions of each host are shown (default: %(default)s)")
     p.add_argument("--spark", type=at_least(2), default=DEFAULT_SPARK, metavar="N",

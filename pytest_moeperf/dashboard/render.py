@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import Any
 
 STATIC = ("dashboard.js", "dashboard.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE")
 MANIFEST = "moeperf-dashboard.json"
-FORMAT = 1
+FORMAT = 2  # 2: the manifest lists the files the build wrote
+OWN = ("index.html", MANIFEST, "m/", "data/", "static/")  # what a build of format 1 (no list) is taken to have written
 
 
 def static_files() -> dict[str, bytes]:
@@ -52,6 +54,21 @@ def page(title: str, payload: dict[str, Any], depth: int) -> str:
         f'<script src="{up}static/dashboard.js"></script>', "</body></html>", ""])
 
 
-def manifest(payload: dict[str, Any]) -> str:
-    """What marks a folder as a dashboard (``--out`` replaces only such a folder) and what it was built from."""
-    return json.dumps({"format": FORMAT, **payload}, indent=2, sort_keys=True) + "\n"
+def manifest(payload: dict[str, Any], files: Iterable[str]) -> str:
+    """What marks a folder as a dashboard (``--out`` replaces only such a folder), what it was built from, and the
+    ``files`` the build wrote (a rebuild keeps the others: a ``CNAME``, a ``.nojekyll``)."""
+    return json.dumps({"format": FORMAT, **payload, "files": sorted(set(files) | {MANIFEST})}, indent=2,
+                      sort_keys=True) + "\n"
+
+
+def written(text: str) -> Callable[[str], bool]:
+    """Whether a path (relative, ``/``-separated) of a site is one its build wrote, by the site's manifest ``text``:
+    listed in it; a manifest with no list (format 1, or unreadable): `OWN`'s files and folders."""
+    try:
+        listed = json.loads(text).get("files")
+    except (ValueError, AttributeError):
+        listed = None
+    if isinstance(listed, list) and all(isinstance(name, str) for name in listed):
+        names = frozenset(listed) | {MANIFEST}
+        return names.__contains__
+    return lambda path: any(path == own or (own.endswith("/") and path.startswith(own)) for own in OWN)

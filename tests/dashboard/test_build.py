@@ -4,6 +4,7 @@ unreachable server, an ``--out`` that is not a dashboard) refused with a clear m
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 from pathlib import Path
@@ -138,10 +139,57 @@ def test_an_earlier_dashboard_or_an_empty_folder_is_replaced_whole(tmp_path: Pat
     out = tmp_path / "site"
     out.mkdir()
     guarded(Options(target=target, out=out, jobs=1), lambda _: None)
-    (out / "m" / "stale.html").write_text("from an older build")
-    guarded(Options(target=target, out=out, jobs=1), lambda _: None)
+    (out / "m" / "stale.html").write_text("from an older build")  # as if an older build had written it:
+    manifest = json.loads((out / render.MANIFEST).read_text())
+    (out / render.MANIFEST).write_text(json.dumps({**manifest, "files": [*manifest["files"], "m/stale.html"]}))
+    built = guarded(Options(target=target, out=out, jobs=1), lambda _: None)
     assert not (out / "m" / "stale.html").exists() and (out / "index.html").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite", "site"]
+    assert built.kept == built.dropped == ()
+    listed = json.loads((out / render.MANIFEST).read_text())["files"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == listed
+
+
+def test_a_rebuild_keeps_the_files_no_build_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``CNAME``, a ``.nojekyll``, a folder and a link of one's own survive a rebuild, and the build says so (they
+    were deleted silently); what cannot be kept is named."""
+    target = str(tmp_path / "h.sqlite")
+    fill(target, sessions=4)
+    out = tmp_path / "site"
+    guarded(Options(target=target, out=out, jobs=1), lambda _: None)
+    added = {"CNAME": "perf.example.org\n", ".nojekyll": "", "notes/about.md": "ours", "m/pinned.html": "mine"}
+    for name, text in added.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(text)
+    (out / "latest").symlink_to("index.html")
+    os.mkfifo(out / "pipe")
+    manifest = json.loads((out / render.MANIFEST).read_text())  # as if the earlier build had not written index.html
+    (out / render.MANIFEST).write_text(json.dumps({**manifest, "files": [f for f in manifest["files"]
+                                                                         if f != "index.html"]}))
+    assert cli.main(["dashboard", "--db", target, "--out", str(out), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    kept = ".nojekyll, CNAME, latest, m/pinned.html, notes/about.md"
+    assert f"kept 5 file(s) of {out} that no build wrote: {kept}" in err
+    assert f"not kept from {out}: index.html (the build writes its own), pipe (not a regular file or a symlink)" in err
+    for name, text in added.items():
+        assert (out / name).read_text() == text
+    assert os.readlink(out / "latest") == "index.html" and not (out / "pipe").exists()
+    assert "window.MOEPERF_PAGE" in (out / "index.html").read_text()
+    # what was kept is still not the build's: kept again by the next build
+    assert guarded(Options(target=target, out=out, jobs=1), lambda _: None).kept == (
+        ".nojekyll", "CNAME", "latest", "m/pinned.html", "notes/about.md")
+
+
+def test_a_dashboard_whose_manifest_lists_no_files_keeps_what_is_outside_its_folders(tmp_path: Path) -> None:
+    """An earlier build's manifest without a list of files (format 1): ``index.html``, the manifest, ``m/``,
+    ``data/`` and ``static/`` are the build's, anything else is kept."""
+    target = str(tmp_path / "h.sqlite")
+    fill(target, sessions=4)
+    out = tmp_path / "site"
+    write_site(out, {"index.html": "old", "m/gone.html": "old", render.MANIFEST: '{"format": 1}'})
+    (out / "CNAME").write_text("perf.example.org\n")
+    assert guarded(Options(target=target, out=out, jobs=1), lambda _: None).kept == ("CNAME",)
+    assert (out / "CNAME").is_file() and not (out / "m" / "gone.html").exists()
 
 
 def test_an_out_that_is_a_symlink_gets_the_site_where_it_points(tmp_path: Path,
@@ -152,12 +200,12 @@ def test_an_out_that_is_a_symlink_gets_the_site_where_it_points(tmp_path: Path,
     fill(target, sessions=4)
     www = tmp_path / "www"
     guarded(Options(target=target, out=www / "site", jobs=1), lambda _: None)
-    (www / "site" / "m" / "stale.html").write_text("from an older build")
+    (www / "site" / "index.html").write_text("from an older build")
     link = tmp_path / "site"
     link.symlink_to(www / "site")
     guarded(Options(target=target, out=link, jobs=1), lambda _: None)
     assert link.is_symlink() and link.readlink() == www / "site"
-    assert (www / "site" / "index.html").is_file() and not (www / "site" / "m" / "stale.html").exists()
+    assert "window.MOEPERF_PAGE" in (www / "site" / "index.html").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite", "site", "www"]
     assert [p.name for p in www.iterdir()] == ["site"]
     fresh = tmp_path / "fresh"  # a link to a folder not made yet: made there
