@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pytest_moeperf.dashboard.build import DEFAULT_SESSIONS, DEFAULT_SPARK, DashboardError, Options, guarded
 from pytest_moeperf.dashboard.changes import default_jobs
@@ -17,8 +18,18 @@ from pytest_moeperf.settings.checks import at_least, describe, number_in, pvalue
 
 
 def commit_template(text: str) -> str:
+    """An http(s) URL with ``{commit}`` in it: the pages link each commit with it (``javascript:``, ``data:`` or a
+    relative link would run or load whatever it names from the dashboard's page)."""
     if "{commit}" not in text:
         raise argparse.ArgumentTypeError(f"expected a URL with {{commit}} in it, got {text!r}")
+    try:
+        parts = urlsplit(text.replace("{commit}", "0" * 40))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL ({exc})") from None
+    controls = any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text)  # a browser drops some: "java\tscript:"
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc or text.strip() != text or controls:
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL with a host, such as "
+                                         f"https://github.com/ORG/REPO/commit/{{commit}}, got {text!r}")
     return text
 
 

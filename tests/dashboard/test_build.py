@@ -115,6 +115,29 @@ def test_an_unreachable_postgresql_is_refused_without_its_password(tmp_path: Pat
     assert "secret" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("template", ["javascript:alert(1)//{commit}", "JavaScript:alert(1)//{commit}",
+                                      "java\tscript:alert(1)//{commit}", "\x01javascript:alert(1)//{commit}",
+                                      "data:text/html,<script>alert(1)</script>{commit}", "//evil.example/{commit}",
+                                      "/commit/{commit}", " https://example.org/{commit}", "https:///{commit}",
+                                      "ftp://example.org/{commit}", "https://example.org/commit"])
+def test_a_commit_url_that_is_not_http_is_a_usage_error(template: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["dashboard", "--db", str(tmp_path / "h.sqlite"), "--out", str(tmp_path / "site"),
+                  "--commit-url", template])
+    assert exited.value.code == 2
+    assert "argument --commit-url: expected" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_http_commit_url_links_the_commits(tmp_path: Path) -> None:
+    fill(str(tmp_path / "h.sqlite"), sessions=3)
+    for template in ("https://github.com/ORG/REPO/commit/{commit}", "HTTP://git.local:8080/c?id={commit}"):
+        assert cli.main(["dashboard", "--db", str(tmp_path / "h.sqlite"), "--out", str(tmp_path / "site"),
+                         "--commit-url", template]) == 0
+        assert sessions_of(tmp_path / "site")["commit_url"] == template
+
+
 def test_a_missing_sqlite_history_is_refused_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _refused(["--db", str(tmp_path / "none.sqlite"), "--out", str(tmp_path / "site")], capsys, "no history at")
     assert list(tmp_path.iterdir()) == []
