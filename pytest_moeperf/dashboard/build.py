@@ -171,9 +171,11 @@ def write_site(out: Path, files: Mapping[str, str | bytes]) -> tuple[list[str], 
 def build(options: Options, progress: Callable[[str], None] = lambda _: None) -> Built:
     check_out(options.out)
     try:
-        reports = abresults.read(options.ab)
+        reports, notes = abresults.read(options.ab)
     except abresults.AbReportError as exc:
         raise DashboardError(str(exc)) from None
+    for note in notes:
+        progress(note)
     clock, seconds = time.perf_counter(), {}
     with open_history(options.target) as store:
         sessions = store.sessions()
@@ -194,7 +196,11 @@ def build(options: Options, progress: Callable[[str], None] = lambda _: None) ->
     seconds["detect"] = time.perf_counter() - clock
     clock = time.perf_counter()
     files: dict[str, str | bytes] = {f"static/{k}": v for k, v in render.static_files().items()}
-    files.update(pages(window, series, steps, options, abresults.by_session(reports, window)))
+    matched = abresults.by_session(reports, window)
+    if options.ab:
+        shown = len({id(r) for found in matched.values() for r in found})
+        progress(f"A/B reports: {len(reports)} read, {shown} beside a session shown (the same head commit)")
+    files.update(pages(window, series, steps, options, matched))
     found = sum(len(s) for s in steps.values())
     families = len({model.family_of(k) for k in series})
     files[render.MANIFEST] = render.manifest({"sessions": len(window.sessions), "history_sessions": window.total,
