@@ -3,9 +3,10 @@ trend, and a session's Δ % per metric against its tolerance."""
 
 from __future__ import annotations
 
+import functools
 import io
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from pytest_moeperf.history.records import MetricRecord
 from pytest_moeperf.history.trend import Trend
@@ -16,7 +17,30 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {  # verdict -> (colour, marker)
     "NEW": ("#757575", "s"), "INCONCLUSIVE": ("#ef6c00", "D"), "MISSING": ("#6a1b9a", "v"),
 }
 OTHER_STYLE = ("#9e9e9e", "P")
+P = ParamSpec("P")
+R = TypeVar("R")
 SEVERITY = {"REGRESSED": 0, "INCONCLUSIVE": 1, "MISSING": 2, "IMPROVED": 3, "NEW": 4, "PASS": 5}
+
+
+def plain(text: object) -> str:
+    """``text`` as matplotlib shows it, verbatim: each ``$`` escaped, so that a metric name, unit, key or verdict
+    from a report is never read as mathtext (``$\\undefinedcmd$`` in a unit raised, and lost the whole HTML report).
+    matplotlib turns ``\\$`` back into ``$`` in text that is not mathtext; TeX is off (`_drawing`)."""
+    return str(text).replace("$", r"\$")
+
+
+def _drawing(draw: Callable[P, R]) -> Callable[P, R]:
+    """Draw with TeX off whatever the user's matplotlibrc says: with ``text.usetex`` every label would go through
+    LaTeX (which may not be installed) and read ``%``, ``_``, ``#`` and ``\\`` in it as TeX."""
+
+    @functools.wraps(draw)
+    def drawn(*args: P.args, **kwargs: P.kwargs) -> R:
+        from matplotlib import rc_context
+
+        with rc_context({"text.usetex": False}):
+            return draw(*args, **kwargs)
+
+    return drawn
 
 
 def _figure(width: float, height: float) -> Any:
@@ -40,6 +64,7 @@ def short(text: str, width: int) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
+@_drawing
 def trend_plot(trend: Trend, fmt: str = "png") -> bytes:
     """Median per run (IQR as error bars, marker by verdict), the baseline each run was judged against with its
     tolerance band, and Otava's change points with the size of each step."""
@@ -53,7 +78,8 @@ def trend_plot(trend: Trend, fmt: str = "png") -> bytes:
     for status in sorted({p.metric.status for p in points}, key=lambda s: SEVERITY.get(s, 9)):
         colour, marker = STATUS_STYLE.get(status, OTHER_STYLE)
         chosen = [i for i, p in enumerate(points) if p.metric.status == status]
-        axes.scatter(chosen, [medians[i] for i in chosen], color=colour, marker=marker, s=36, zorder=3, label=status)
+        axes.scatter(chosen, [medians[i] for i in chosen], color=colour, marker=marker, s=36, zorder=3,
+                     label=plain(status))
     baseline = [p.metric.baseline for p in points]
     if any(b is not None for b in baseline):
         base = [float("nan") if b is None else b for b in baseline]
@@ -70,11 +96,12 @@ def trend_plot(trend: Trend, fmt: str = "png") -> bytes:
                       xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points",
                       color="#d81b60", fontsize=8)
     ticks = xs if len(xs) <= 12 else xs[:: max(1, len(xs) // 12)]
-    axes.set_xticks(ticks, [f"#{points[i].run.id}\n{points[i].run.run.finished[:10]}" for i in ticks], fontsize=7)
+    axes.set_xticks(ticks, [plain(f"#{points[i].run.id}\n{points[i].run.run.finished[:10]}") for i in ticks],
+                    fontsize=7)
     unit = points[0].metric.unit if points else ""
     better = points[0].metric.better if points else "lower"
-    axes.set_ylabel(f"{unit} ({better} is better)")
-    axes.set_title(f"{short(trend.key, 90)}\n{trend.fingerprint}", fontsize=9)
+    axes.set_ylabel(plain(f"{unit} ({better} is better)"))
+    axes.set_title(plain(f"{short(trend.key, 90)}\n{trend.fingerprint}"), fontsize=9)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=7, loc="best")
     return _bytes(figure, fmt)
@@ -86,6 +113,7 @@ def _rank(metric: MetricRecord) -> tuple[int, float]:
     return SEVERITY.get(metric.status, 9), -scale
 
 
+@_drawing
 def session_plot(metrics: Sequence[MetricRecord], fmt: str = "png", limit: int = 30) -> tuple[bytes, str]:
     """Δ % of each judged metric against its baseline (dot, by verdict) over its tolerance (grey bar, ± allowed):
     the picture of the verdict table. Shows the ``limit`` most telling metrics (worst verdicts, then the largest
@@ -101,11 +129,11 @@ def session_plot(metrics: Sequence[MetricRecord], fmt: str = "png", limit: int =
         colour, marker = STATUS_STYLE.get(metric.status, OTHER_STYLE)
         axes.scatter([(metric.change or 0.0) * 100], [row], color=colour, marker=marker, s=30, zorder=3)
     axes.axvline(0.0, color="#000000", linewidth=0.8)
-    axes.set_yticks(rows, [short(f"{m.key} ({m.better})", 70) for m in shown], fontsize=7)
+    axes.set_yticks(rows, [plain(short(f"{m.key} ({m.better})", 70)) for m in shown], fontsize=7)
     axes.set_xlabel("Δ % against the baseline median (grey: tolerance ±)")
     for status in sorted({m.status for m in shown}, key=lambda s: SEVERITY.get(s, 9)):
         colour, marker = STATUS_STYLE.get(status, OTHER_STYLE)
-        axes.scatter([], [], color=colour, marker=marker, label=status)
+        axes.scatter([], [], color=colour, marker=marker, label=plain(status))
     if shown:
         axes.legend(fontsize=7, loc="lower right")
     else:
