@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pytest_moeperf.judging.thresholds import Threshold, policy_value
 from pytest_moeperf.judging.verdict import Status, Verdict
+from pytest_moeperf.reports.controls import context_text, no_controls
 
 Better = Literal["lower", "higher"]
 JSONScalar = str | int | float | bool | None
@@ -81,12 +82,14 @@ class Measurement:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "::" in self.name:
             raise ValueError(f"metric name must be a non-empty str with no '::', got {self.name!r}")
+        no_controls(self.name, "a metric name")
         where = f"metric {self.name!r}"
         object.__setattr__(self, "samples", as_samples(self.samples, where))  # floats, whoever built it
         if not self.samples:
             raise ValueError(f"{where}: no samples")
         if not isinstance(self.unit, str) or not self.unit.strip():
             raise ValueError(f"{where}: unit must be a non-empty str such as 'us', got {self.unit!r}")
+        no_controls(self.unit, f"{where}: its unit")
         if self.better not in ("lower", "higher"):
             raise ValueError(f"{where}: better must be 'lower' or 'higher', got {self.better!r}")
         for sample in self.samples:
@@ -96,6 +99,7 @@ class Measurement:
             if not isinstance(value, (str, int, float, bool)) and value is not None:
                 raise TypeError(f"{where}: context {key!r} must be a str, number, bool or None, "
                                 f"got {type(value).__name__}")
+            context_text(key, value, f"{where}: context")
         for name, tol in (("tolerance", self.tolerance), ("abs_tolerance", self.abs_tolerance)):
             if tol is not None:
                 policy_value(f"metric {self.name!r}", name, tol)

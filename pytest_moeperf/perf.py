@@ -8,6 +8,7 @@ import pytest
 
 from pytest_moeperf.judging import stats
 from pytest_moeperf.ledger import ROUND_UNIT, Better, HealthReport, JSONScalar, Measurement, Round, as_samples
+from pytest_moeperf.reports.controls import context_text
 
 
 class Perf:
@@ -131,6 +132,7 @@ class Perf:
             if not isinstance(value, (str, int, float, bool)) and value is not None:
                 raise TypeError(f"perf.context({key}=…) must be a str, number, bool or None, "
                                 f"got {type(value).__name__}")
+            context_text(key, value)
         self._context.update(values)
 
     def record(self, name: str, samples: float | int | Sequence[float | int], *, unit: str,

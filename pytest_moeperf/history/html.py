@@ -15,6 +15,7 @@ from typing import Any
 from pytest_moeperf.history.plots import SEVERITY, session_plot, trend_plot
 from pytest_moeperf.history.records import MetricRecord, records_from_report
 from pytest_moeperf.history.trend import Trend
+from pytest_moeperf.reports.controls import visible
 
 MIME = {"png": "image/png", "svg": "image/svg+xml"}
 FLAGGED = ("REGRESSED", "INCONCLUSIVE")  # verdicts whose trend the report draws
@@ -52,7 +53,7 @@ def data_uri(image: bytes, fmt: str) -> str:
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(visible(value), quote=True)
 
 
 def _img(image: bytes, fmt: str, alt: str) -> str:

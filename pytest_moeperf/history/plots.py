@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from pytest_moeperf.history.records import MetricRecord
 from pytest_moeperf.history.trend import Trend
+from pytest_moeperf.reports.controls import visible
 
 FORMATS = ("png", "svg")
 STATUS_STYLE: dict[str, tuple[str, str]] = {  # verdict -> (colour, marker)
@@ -25,8 +26,9 @@ SEVERITY = {"REGRESSED": 0, "INCONCLUSIVE": 1, "MISSING": 2, "IMPROVED": 3, "NEW
 def plain(text: object) -> str:
     """``text`` as matplotlib shows it, verbatim: each ``$`` escaped, so that a metric name, unit, key or verdict
     from a report is never read as mathtext (``$\\undefinedcmd$`` in a unit raised, and lost the whole HTML report).
-    matplotlib turns ``\\$`` back into ``$`` in text that is not mathtext; TeX is off (`_drawing`)."""
-    return str(text).replace("$", r"\$")
+    matplotlib turns ``\\$`` back into ``$`` in text that is not mathtext; TeX is off (`_drawing`). Control
+    characters are escaped (`visible`), as in the report's text."""
+    return visible(text).replace("$", r"\$")
 
 
 def _drawing(draw: Callable[P, R]) -> Callable[P, R]:

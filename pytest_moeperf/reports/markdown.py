@@ -12,6 +12,7 @@ from typing import Any
 
 from pytest_moeperf.judging.verdict import Status, Verdict
 from pytest_moeperf.ledger import Section
+from pytest_moeperf.reports.controls import visible
 from pytest_moeperf.reports.render import VERDICT_COLUMNS, counts_line, verdict_rows
 
 _ICONS = {Status.PASS: "✅", Status.NEW: "🆕", Status.IMPROVED: "🚀", Status.REGRESSED: "❌",
@@ -30,8 +31,9 @@ _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 def md_text(value: object) -> str:
     """``value`` as Markdown that renders exactly as written, on one line: markup characters backslash-escaped,
-    ``& < >`` as entities (no raw HTML), newlines folded into spaces, ``|`` escaped (safe in a table cell)."""
-    text = _NEWLINES.sub(" ", str(value))
+    ``& < >`` as entities (no raw HTML), newlines folded into spaces, other control characters escaped (`visible`),
+    ``|`` escaped (safe in a table cell)."""
+    text = visible(_NEWLINES.sub(" ", str(value)))
     text = "".join(_ENTITIES.get(ch, ch) for ch in text)
     return _MARKUP.sub(r"\\\1", text)
 
@@ -43,9 +45,10 @@ def _md_paragraph(value: object) -> str:
 
 def md_code(value: object) -> str:
     """``value`` as an inline code span: fenced by one backtick more than its longest backtick run (a backtick inside
-    cannot end it), newlines folded into spaces. Raw ``<``/``&`` are literal inside a code span. Not for a table
-    cell: there its ``|`` needs escaping too (`markdown_table` does it for `Code` cells)."""
-    text = _NEWLINES.sub(" ", str(value))
+    cannot end it), newlines folded into spaces, other control characters escaped (`visible`). Raw ``<``/``&`` are
+    literal inside a code span. Not for a table cell: there its ``|`` needs escaping too (`markdown_table` does it
+    for `Code` cells)."""
+    text = visible(_NEWLINES.sub(" ", str(value)))
     fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
     if not text.strip(" "):
         return f"{fence}{text or ' '}{fence}"  # all spaces: CommonMark keeps them as they are

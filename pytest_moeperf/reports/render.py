@@ -7,6 +7,7 @@ from typing import Any
 
 from pytest_moeperf.judging.verdict import Status, Verdict
 from pytest_moeperf.ledger import ROUND_UNIT, Record, Section
+from pytest_moeperf.reports.controls import visible
 
 
 def _fmt(value: float | None) -> str:
@@ -43,13 +44,15 @@ VERDICT_COLUMNS = ("metric", "unit", "baseline", "current", "Δ", "mde", "rounds
 
 def reason_lines(verdicts: Sequence[Verdict]) -> list[str]:
     """Why each INCONCLUSIVE or MISSING metric is so, and each metric's noise source when it was judged."""
-    return [f"{v.status.value} {v.key}: {v.reason}" for v in verdicts
+    return [f"{v.status.value} {visible(v.key)}: {visible(v.reason)}" for v in verdicts
             if v.status in (Status.INCONCLUSIVE, Status.MISSING)]
 
 
 def table_lines(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 90) -> list[str]:
-    """A plain aligned text table; over-long cells in the first column are shortened from the left."""
-    cells = [[str(c) for c in row] for row in rows]
+    """A plain aligned text table; over-long cells in the first column are shortened from the left; control
+    characters are shown escaped (`visible`: a test id from a file name can hold an ESC)."""
+    columns = [visible(c) for c in columns]
+    cells = [[visible(c) for c in row] for row in rows]
     for row in cells:
         if row and len(row[0]) > max_width:
             row[0] = "…" + row[0][-(max_width - 1):]
