@@ -4,9 +4,9 @@
   ``docs/measurements/raw/`` (``moeperf batch``'s ``serving.json`` of the 1x H200 sittings, and the Kimi rank's
   starts), as the sessions wrote them: 14 sessions on 4 hosts, ``failed_rate`` 0 in every one, start-up phases of
   0 s in some.
-* **CPU** (GEMM and all-reduce): two real sessions of a few cases run here (``CPU_CASES``, ``--moeperf-quick``; about
-  15 s each on a 2-core box), the first with ``--moeperf-update`` into a scratch baselines folder, the second judged
-  against it.
+* **CPU** (GEMM and all-reduce): two real sessions of a few cases run here (``CPU_CASES``, ``--moeperf-quick``, no
+  confirmation re-runs; about 15 s each on an idle 2-core box, 30-45 s at load 7), the first with
+  ``--moeperf-update`` into a scratch baselines folder, the second judged against it.
 
 Each session goes through the real history store: the GPU reports by `records_from_report` and `HistoryStore.append`
 (what ``--moeperf-history`` does at a session's end), the CPU ones by ``--moeperf-history`` itself."""
@@ -48,8 +48,9 @@ def cpu_session(history: Path, baselines: Path, *options: str) -> str:
     """One real session of `CPU_CASES` appending to ``history``; its output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MOEPERF_"))}
     done = subprocess.run([sys.executable, "-m", "pytest", *CPU_CASES, "-q", "-p", "no:cacheprovider",
-                           "--moeperf-quick", "--moeperf-baselines", str(baselines), "--moeperf-history",
-                           str(history), *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           "--moeperf-quick", "--moeperf-confirm", "0", "--moeperf-baselines", str(baselines),
+                           "--moeperf-history", str(history), *options], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
     # 1: a test failed, e.g. a verdict REGRESSED against the one stored run; the session is recorded all the same
     assert done.returncode in (0, 1) and "this run appended to" in done.stdout, done.stdout + done.stderr
     return done.stdout
