@@ -53,8 +53,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spark", type=at_least(2), default=DEFAULT_SPARK, metavar="N",
                    help="sessions in an index sparkline (default: %(default)s)")
     p.add_argument("--ab", action="append", type=Path, default=[], metavar="FILE|DIR",
-                   help="moeperf ab --report documents (or folders of them), shown beside the sessions of their "
-                        "head commit; repeatable")
+                   help="moeperf ab --report documents (or folders of them; regular files of at most 64 MiB), "
+                        "shown beside the sessions of their head commit; repeatable")
     p.add_argument("--commit-url", type=commit_template, default=None, metavar="TEMPLATE",
                    help="link each commit, e.g. https://github.com/ORG/REPO/commit/{commit} (default: this "
                         "GitHub Actions run's repository, else no link)")
