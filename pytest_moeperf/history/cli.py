@@ -84,14 +84,20 @@ def show_lines(store: HistoryStore, patterns: Sequence[str], fingerprint: str | 
 def _history(args: argparse.Namespace) -> int:
     with _open(args) as store:
         if args.action == "show":
-            lines = show_lines(store, args.metrics, args.fingerprint)
+            lines = show_lines(store, args.metrics, _fingerprint(args))
             if not lines:
                 print(f"moeperf history: no metric matches {_wanted(args)}", file=sys.stderr)
                 return 2
         else:
-            lines = list_lines(store, args.fingerprint, getattr(args, "limit", None))
+            lines = list_lines(store, _fingerprint(args), getattr(args, "limit", None))
     print("\n".join(lines).rstrip())
     return 0
+
+
+def _fingerprint(args: argparse.Namespace) -> str | None:
+    """``--fingerprint``, given before or after the action (each parser has its own, defaulting to nothing)."""
+    found: str | None = getattr(args, "fingerprint", None)
+    return found
 
 
 def plot_path(base: Path, key: str, fingerprint: str, many: bool) -> Path:
@@ -103,7 +109,7 @@ def plot_path(base: Path, key: str, fingerprint: str, many: bool) -> Path:
 
 
 def _wanted(args: argparse.Namespace) -> str:
-    where = f" in the runs of fingerprint {args.fingerprint}" if args.fingerprint else ""
+    where = f" in the runs of fingerprint {_fingerprint(args)}" if _fingerprint(args) else ""
     return " ".join(args.metrics) + where
 
 
@@ -116,7 +122,8 @@ def _trend(args: argparse.Namespace) -> int:
         return 2
 
     with _open(args) as store:
-        found = trend.trends(store, args.metrics, args.fingerprint, args.max_pvalue, args.min_magnitude, args.window)
+        found = trend.trends(store, args.metrics, _fingerprint(args), args.max_pvalue, args.min_magnitude,
+                             args.window)
     if not found:
         print(f"moeperf trend: no metric matches {_wanted(args)}", file=sys.stderr)
         return 2
@@ -150,22 +157,28 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     return run
 
 
-def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``history`` and ``trend`` to the ``moeperf`` command's subparsers."""
+def _common() -> argparse.ArgumentParser:
+    """``--db`` and ``--fingerprint``, a fresh pair for each parser: ``parents=`` shares the very action objects,
+    so a default set on one parser (``set_defaults``) would overwrite a value given to another (issue 37)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=argparse.SUPPRESS, metavar="URL|PATH",
                         help=f"history database: a SQLite path or postgresql://… URL (default: ${ENV}, "
                              f"else {HISTORY_DIR}/{HISTORY_FILE})")
     common.add_argument("--fingerprint", default=argparse.SUPPRESS, metavar="SLUG|HASH",
                         help="only runs of this machine fingerprint")
-    history = sub.add_parser("history", parents=[common], help="runs in the perf history and a metric's series")
+    return common
+
+
+def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``history`` and ``trend`` to the ``moeperf`` command's subparsers."""
+    history = sub.add_parser("history", parents=[_common()], help="runs in the perf history and a metric's series")
     actions = history.add_subparsers(dest="action")
-    listing = actions.add_parser("list", parents=[common], help="the runs, oldest first (the default action)")
+    listing = actions.add_parser("list", parents=[_common()], help="the runs, oldest first (the default action)")
     listing.add_argument("--limit", type=at_least(1), metavar="N", help="only the last N runs")
-    show = actions.add_parser("show", parents=[common], help="each named metric's value per run")
+    show = actions.add_parser("show", parents=[_common()], help="each named metric's value per run")
     show.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
-    history.set_defaults(func=_guarded(_history), action="list", fingerprint=None)
-    trend = sub.add_parser("trend", parents=[common], help="change points in metrics' histories (Apache Otava)")
+    history.set_defaults(func=_guarded(_history), action="list")
+    trend = sub.add_parser("trend", parents=[_common()], help="change points in metrics' histories (Apache Otava)")
     trend.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
     trend.add_argument("--plot", type=output_path, metavar="PATH",
                        help="draw each trend to PATH (.png or .svg; several: the metric goes into each name)")
@@ -176,7 +189,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "(default: %(default)s)")
     trend.add_argument("--window", type=at_least(2), default=WINDOW, metavar="RUNS",
                        help="sliding window of the split step, in runs (default: %(default)s)")
-    trend.set_defaults(func=_guarded(_trend), fingerprint=None)
+    trend.set_defaults(func=_guarded(_trend))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
