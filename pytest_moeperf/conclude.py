@@ -300,7 +300,7 @@ class Conclusion:
 
     def _write_reports(self) -> None:
         from pytest_moeperf.history import plugin as history
-        from pytest_moeperf.history.store import redact
+        from pytest_moeperf.history.targets import redact
 
         settings = self.settings
         target = history.resolve_target(settings.history, settings.baselines_dir)

@@ -1,4 +1,4 @@
-"""``moeperf history [list | show METRIC…]`` and ``moeperf trend METRIC…``: the runs in a history, a metric's
+"""``moeperf history [list | show METRIC… | upgrade]`` and ``moeperf trend METRIC…``: the runs in a history, a metric's
 series, and the change points in it (with ``--plot``, pictures of them)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pytest_moeperf.history.plugin import HISTORY_DIR, HISTORY_FILE
 from pytest_moeperf.history.records import Point
-from pytest_moeperf.history.store import HistoryError, HistoryStore, is_postgresql, match_keys, redact, sqlite_path
+from pytest_moeperf.history.store import SCHEMA_VERSION, HistoryError, HistoryStore, match_keys
+from pytest_moeperf.history.targets import is_postgresql, redact
 from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, WINDOW, split_by_fingerprint
 from pytest_moeperf.settings.checks import at_least, describe, output_path, parse_fraction, pvalue
 
@@ -34,23 +35,26 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return [head, "-" * len(head)] + [line(r) for r in cells]
 
 
+def _target(args: argparse.Namespace) -> str:
+    return checked(getattr(args, "db", None) or default_target())
+
+
+def checked(target: str) -> str:
+    """``target`` when it names a history at all (a URL of another scheme does not)."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
+    if not is_postgresql(target) and scheme and scheme.group(1) != "sqlite":
+        raise HistoryError(f"{redact(target)}: a history is a SQLite path (or sqlite:///PATH) or a "
+                           f"postgresql:// URL, not {scheme.group(1)}://")
+    return target
+
+
 def _open(args: argparse.Namespace) -> HistoryStore:
-    return open_history(getattr(args, "db", None) or default_target())
+    return open_history(_target(args))
 
 
 def open_history(target: str) -> HistoryStore:
-    """An existing history, to read: a SQLite file that is missing is an error here (opening would create it)."""
-    if not is_postgresql(target):
-        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
-        if scheme and scheme.group(1) != "sqlite":
-            raise HistoryError(f"{redact(target)}: a history is a SQLite path (or sqlite:///PATH) or a "
-                               f"postgresql:// URL, not {scheme.group(1)}://")
-        path = sqlite_path(target)
-        if not path.exists():
-            raise HistoryError(f"no history at {target} (run pytest with --moeperf-history, or pass --db URL|PATH)")
-        if path.is_dir():
-            raise HistoryError(f"{target} is a directory, not a history database file")
-    return HistoryStore.open(target)
+    """An existing history, to read (`HistoryStore.read`): read-only, never created nor migrated."""
+    return HistoryStore.read(checked(target))
 
 
 def _commit(point: Point) -> str:
@@ -82,6 +86,12 @@ def show_lines(store: HistoryStore, patterns: Sequence[str], fingerprint: str | 
 
 
 def _history(args: argparse.Namespace) -> int:
+    if args.action == "upgrade":
+        target = _target(args)
+        before, after = HistoryStore.upgrade(target)
+        print(f"history {redact(target)}: schema {before}" + (f" upgraded to {after}" if after != before else
+                                                                f", current (this moeperf's is {SCHEMA_VERSION})"))
+        return 0
     with _open(args) as store:
         if args.action == "show":
             lines = show_lines(store, args.metrics, _fingerprint(args))
@@ -177,6 +187,8 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listing.add_argument("--limit", type=at_least(1), metavar="N", help="only the last N runs")
     show = actions.add_parser("show", parents=[_common()], help="each named metric's value per run")
     show.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
+    actions.add_parser("upgrade", parents=[_common()],
+                       help=f"migrate the history's schema to this moeperf's ({SCHEMA_VERSION}); reads never do")
     history.set_defaults(func=_guarded(_history), action="list")
     trend = sub.add_parser("trend", parents=[_common()], help="change points in metrics' histories (Apache Otava)")
     trend.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")

@@ -14,15 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.history.records import MetricRecord, ReportFormatError, SessionRecord, records_from_report
-from pytest_moeperf.history.store import (
-    OFF,
-    HistoryError,
-    HistoryStore,
-    is_postgresql,
-    parse_target,
-    redact,
-    sqlite_path,
-)
+from pytest_moeperf.history.store import HistoryError, HistoryStore
+from pytest_moeperf.history.targets import OFF, is_postgresql, parse_target, redact, sqlite_path
 from pytest_moeperf.store.files import atomic_write
 
 HISTORY_DIR = ".moeperf"
@@ -104,7 +97,7 @@ def flagged_trends(doc: Mapping[str, Any], target: str | None) -> list[Any]:
     keys = html.flagged_keys(metrics)
     if not keys:
         return []
-    with HistoryStore.open(target) as store:
+    with HistoryStore.read(target) as store:
         return [t for t in trend.trends(store, keys, fingerprint=run.fingerprint_hash) if t.key in keys]
 
 
