@@ -66,6 +66,7 @@ class Conclusion:
         self.ledger = Ledger()
         self.written: list[Path] = []
         self.errors: list[str] = []
+        self.lost: list[str] = []  # the requested reports and the history this session could not write
         self.update_failed = False
         self.updated = 0  # metrics written to the baselines
         self.started = _now()
@@ -254,7 +255,7 @@ class Conclusion:
             else:
                 self._update(moved)
         self._write_reports()
-        strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings)
+        strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings or self.lost)
         return self.update_failed or strict or bool(self.failing_regressions())
 
     def _update(self, moved: list[Family]) -> None:
@@ -300,31 +301,37 @@ class Conclusion:
 
     def _write_reports(self) -> None:
         from pytest_moeperf.history import plugin as history
-        from pytest_moeperf.history.store import redact
+        from pytest_moeperf.history.targets import redact
 
         settings = self.settings
         target = history.resolve_target(settings.history, settings.baselines_dir)
         if settings.report is not None or target is not None or settings.html is not None:
             doc = self.report_document()
             if settings.report is not None:
-                self._write(settings.report, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+                self._write("JSON report", settings.report, json.dumps(doc, indent=2, sort_keys=True) + "\n")
             if (target is not None and self.ledger.records and not self.topology.simulated
                     and settings.round_of is None):  # a rounds child: the parent records the merged run
                 if history.record_report(doc, target, started=self.started) is not None:
                     self.ledger.notes.append(f"history: this run appended to {redact(target)}")
-            if settings.html is not None and history.write_html(settings.html, doc, target):
-                self.written.append(settings.html)
+                else:
+                    self.lost.append(f"the history {redact(target)}")
+            if settings.html is not None:
+                if history.write_html(settings.html, doc, target):
+                    self.written.append(settings.html)
+                else:
+                    self.lost.append(f"the HTML report {settings.html}")
         if settings.markdown is not None:
             lines = markdown.markdown_lines(self.ledger.verdicts, self.ledger.sections, self.header(),
                                           self.ledger.warnings)
-            self._write(settings.markdown, "\n".join(lines) + "\n", append=True)
+            self._write("Markdown summary", settings.markdown, "\n".join(lines) + "\n", append=True)
 
-    def _write(self, path: Path, text: str, append: bool = False) -> None:
+    def _write(self, what: str, path: Path, text: str, append: bool = False) -> None:
         try:
             files.write_report(path, text, append)
             self.written.append(path)
         except OSError as exc:
             self.errors.append(f"could not write {path}: {exc}")
+            self.lost.append(f"the {what} {path}")
 
     # ------------------------------------------------------------------------------------------ the summary
     def header(self) -> str:
@@ -335,7 +342,7 @@ class Conclusion:
     def summary_lines(self) -> list[tuple[str, bool]]:
         """The terminal summary as (line, red); empty when the session measured and said nothing."""
         ledger = self.ledger
-        if not ledger.verdicts and not self.errors and not ledger.sections and not ledger.warnings:
+        if not (ledger.verdicts or self.errors or ledger.sections or ledger.warnings or self.lost):
             return []
         verdicts = ledger.verdicts
         out = [(line, False) for line in render.terminal_lines(verdicts, ledger.sections, self.header())]
@@ -368,4 +375,8 @@ class Conclusion:
         if self.settings.strict and (undecided or ledger.warnings):
             out.append((f"moeperf: --moeperf-strict: {len(undecided)} metric(s) INCONCLUSIVE or MISSING and "
                         f"{len(ledger.warnings)} warning(s): the session fails", True))
+        if self.settings.strict and self.lost:
+            out.append((f"moeperf: --moeperf-strict: not written: {', '.join(self.lost)}: the session fails", True))
+        elif self.lost:
+            out.append((f"moeperf: not written: {', '.join(self.lost)} (--moeperf-strict fails the session)", True))
         return out

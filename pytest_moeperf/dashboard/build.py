@@ -21,7 +21,8 @@ from pathlib import Path
 from pytest_moeperf.dashboard import abresults, changes, model, render
 from pytest_moeperf.dashboard.window import Window, select
 from pytest_moeperf.history.cli import open_history
-from pytest_moeperf.history.store import HistoryError, redact
+from pytest_moeperf.history.store import HistoryError
+from pytest_moeperf.history.targets import redact
 from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, Step
 
 DEFAULT_SESSIONS = 50  # Otava's own window: one change-point search a series

@@ -1,4 +1,4 @@
-"""``moeperf history [list | show METRIC…]`` and ``moeperf trend METRIC…``: the runs in a history, a metric's
+"""``moeperf history [list | show METRIC… | upgrade]`` and ``moeperf trend METRIC…``: the runs in a history, a metric's
 series, and the change points in it (with ``--plot``, pictures of them)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pytest_moeperf.history.plugin import HISTORY_DIR, HISTORY_FILE
 from pytest_moeperf.history.records import Point
-from pytest_moeperf.history.store import HistoryError, HistoryStore, is_postgresql, match_keys, redact, sqlite_path
+from pytest_moeperf.history.store import SCHEMA_VERSION, HistoryError, HistoryStore, match_keys
+from pytest_moeperf.history.targets import is_postgresql, redact
 from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, WINDOW, split_by_fingerprint
 from pytest_moeperf.settings.checks import at_least, describe, output_path, parse_fraction, pvalue
 
@@ -34,23 +35,26 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return [head, "-" * len(head)] + [line(r) for r in cells]
 
 
+def _target(args: argparse.Namespace) -> str:
+    return checked(getattr(args, "db", None) or default_target())
+
+
+def checked(target: str) -> str:
+    """``target`` when it names a history at all (a URL of another scheme does not)."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
+    if not is_postgresql(target) and scheme and scheme.group(1) != "sqlite":
+        raise HistoryError(f"{redact(target)}: a history is a SQLite path (or sqlite:///PATH) or a "
+                           f"postgresql:// URL, not {scheme.group(1)}://")
+    return target
+
+
 def _open(args: argparse.Namespace) -> HistoryStore:
-    return open_history(getattr(args, "db", None) or default_target())
+    return open_history(_target(args))
 
 
 def open_history(target: str) -> HistoryStore:
-    """An existing history, to read: a SQLite file that is missing is an error here (opening would create it)."""
-    if not is_postgresql(target):
-        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
-        if scheme and scheme.group(1) != "sqlite":
-            raise HistoryError(f"{redact(target)}: a history is a SQLite path (or sqlite:///PATH) or a "
-                               f"postgresql:// URL, not {scheme.group(1)}://")
-        path = sqlite_path(target)
-        if not path.exists():
-            raise HistoryError(f"no history at {target} (run pytest with --moeperf-history, or pass --db URL|PATH)")
-        if path.is_dir():
-            raise HistoryError(f"{target} is a directory, not a history database file")
-    return HistoryStore.open(target)
+    """An existing history, to read (`HistoryStore.read`): read-only, never created nor migrated."""
+    return HistoryStore.read(checked(target))
 
 
 def _commit(point: Point) -> str:
@@ -82,16 +86,28 @@ def show_lines(store: HistoryStore, patterns: Sequence[str], fingerprint: str | 
 
 
 def _history(args: argparse.Namespace) -> int:
+    if args.action == "upgrade":
+        target = _target(args)
+        before, after = HistoryStore.upgrade(target)
+        print(f"history {redact(target)}: schema {before}" + (f" upgraded to {after}" if after != before else
+                                                                f", current (this moeperf's is {SCHEMA_VERSION})"))
+        return 0
     with _open(args) as store:
         if args.action == "show":
-            lines = show_lines(store, args.metrics, args.fingerprint)
+            lines = show_lines(store, args.metrics, _fingerprint(args))
             if not lines:
                 print(f"moeperf history: no metric matches {_wanted(args)}", file=sys.stderr)
                 return 2
         else:
-            lines = list_lines(store, args.fingerprint, getattr(args, "limit", None))
+            lines = list_lines(store, _fingerprint(args), getattr(args, "limit", None))
     print("\n".join(lines).rstrip())
     return 0
+
+
+def _fingerprint(args: argparse.Namespace) -> str | None:
+    """``--fingerprint``, given before or after the action (each parser has its own, defaulting to nothing)."""
+    found: str | None = getattr(args, "fingerprint", None)
+    return found
 
 
 def plot_path(base: Path, key: str, fingerprint: str, many: bool) -> Path:
@@ -103,7 +119,7 @@ def plot_path(base: Path, key: str, fingerprint: str, many: bool) -> Path:
 
 
 def _wanted(args: argparse.Namespace) -> str:
-    where = f" in the runs of fingerprint {args.fingerprint}" if args.fingerprint else ""
+    where = f" in the runs of fingerprint {_fingerprint(args)}" if _fingerprint(args) else ""
     return " ".join(args.metrics) + where
 
 
@@ -116,7 +132,8 @@ def _trend(args: argparse.Namespace) -> int:
         return 2
 
     with _open(args) as store:
-        found = trend.trends(store, args.metrics, args.fingerprint, args.max_pvalue, args.min_magnitude, args.window)
+        found = trend.trends(store, args.metrics, _fingerprint(args), args.max_pvalue, args.min_magnitude,
+                             args.window)
     if not found:
         print(f"moeperf trend: no metric matches {_wanted(args)}", file=sys.stderr)
         return 2
@@ -150,22 +167,30 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     return run
 
 
-def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``history`` and ``trend`` to the ``moeperf`` command's subparsers."""
+def _common() -> argparse.ArgumentParser:
+    """``--db`` and ``--fingerprint``, a fresh pair for each parser: ``parents=`` shares the very action objects,
+    so a default set on one parser (``set_defaults``) would overwrite a value given to another (issue 37)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=argparse.SUPPRESS, metavar="URL|PATH",
                         help=f"history database: a SQLite path or postgresql://… URL (default: ${ENV}, "
                              f"else {HISTORY_DIR}/{HISTORY_FILE})")
     common.add_argument("--fingerprint", default=argparse.SUPPRESS, metavar="SLUG|HASH",
                         help="only runs of this machine fingerprint")
-    history = sub.add_parser("history", parents=[common], help="runs in the perf history and a metric's series")
+    return common
+
+
+def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``history`` and ``trend`` to the ``moeperf`` command's subparsers."""
+    history = sub.add_parser("history", parents=[_common()], help="runs in the perf history and a metric's series")
     actions = history.add_subparsers(dest="action")
-    listing = actions.add_parser("list", parents=[common], help="the runs, oldest first (the default action)")
+    listing = actions.add_parser("list", parents=[_common()], help="the runs, oldest first (the default action)")
     listing.add_argument("--limit", type=at_least(1), metavar="N", help="only the last N runs")
-    show = actions.add_parser("show", parents=[common], help="each named metric's value per run")
+    show = actions.add_parser("show", parents=[_common()], help="each named metric's value per run")
     show.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
-    history.set_defaults(func=_guarded(_history), action="list", fingerprint=None)
-    trend = sub.add_parser("trend", parents=[common], help="change points in metrics' histories (Apache Otava)")
+    actions.add_parser("upgrade", parents=[_common()],
+                       help=f"migrate the history's schema to this moeperf's ({SCHEMA_VERSION}); reads never do")
+    history.set_defaults(func=_guarded(_history), action="list")
+    trend = sub.add_parser("trend", parents=[_common()], help="change points in metrics' histories (Apache Otava)")
     trend.add_argument("metrics", nargs="+", metavar="METRIC", help="test_id::metric, a glob, or a substring")
     trend.add_argument("--plot", type=output_path, metavar="PATH",
                        help="draw each trend to PATH (.png or .svg; several: the metric goes into each name)")
@@ -176,7 +201,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "(default: %(default)s)")
     trend.add_argument("--window", type=at_least(2), default=WINDOW, metavar="RUNS",
                        help="sliding window of the split step, in runs (default: %(default)s)")
-    trend.set_defaults(func=_guarded(_trend), fingerprint=None)
+    trend.set_defaults(func=_guarded(_trend))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pytest_moeperf.history.plugin import resolve_target
 from pytest_moeperf.history.store import HistoryStore
+from pytest_moeperf.history.targets import scrub
 
 __all__ = ["HistoryNoise"]
 
@@ -51,7 +52,7 @@ class HistoryNoise:
                 self._closed = True  # nothing recorded yet: do not create the database just to read it
                 return ()
             try:
-                self._store = HistoryStore.open(self._target)
+                self._store = HistoryStore.read(self._target)  # never migrates, never waits for a writer
             except Exception as exc:  # noqa: BLE001 - a broken history must not fail a verdict
                 return self._give_up(exc)
         try:
@@ -61,7 +62,8 @@ class HistoryNoise:
             return self._give_up(exc)
 
     def _give_up(self, exc: Exception) -> tuple[float, ...]:
-        self.problem = f"history: not read for the noise model ({type(exc).__name__}: {exc})"
+        text = scrub(str(exc), self._target or "")  # a HistoryError is scrubbed already; anything else now
+        self.problem = f"history: not read for the noise model ({type(exc).__name__}: {text})"
         self.close()
         return ()
 

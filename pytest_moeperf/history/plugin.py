@@ -1,28 +1,25 @@
 """The pytest side of the history, free of session internals: the session hands over the JSON report document
 (``--moeperf-report``'s schema) at its end; this module stores it and writes the HTML report.
 
-Neither failure fails the run: a history that cannot be written or an HTML report that cannot be drawn warns
-(`HistoryWarning`) and leaves every other report of the run as it was.
+A history that cannot be written or an HTML report that cannot be drawn warns (`HistoryWarning`), leaves no empty
+or partial file, and leaves every other report of the run as it was; the caller learns of it (None, False) and
+fails the session under ``--moeperf-strict``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.history.records import MetricRecord, ReportFormatError, SessionRecord, records_from_report
-from pytest_moeperf.history.store import (
-    OFF,
-    HistoryError,
-    HistoryStore,
-    is_postgresql,
-    parse_target,
-    redact,
-    sqlite_path,
-)
+from pytest_moeperf.history.store import HistoryError, HistoryStore
+from pytest_moeperf.history.targets import OFF, is_postgresql, parse_target, redact, sqlite_path
 from pytest_moeperf.store.files import atomic_write
 
 HISTORY_DIR = ".moeperf"
@@ -77,11 +74,45 @@ def record_session(run: SessionRecord, metrics: Sequence[MetricRecord], target: 
     """Append one session to the history at ``target`` in one transaction. Returns the run's id, or None after
     warning when the history cannot be opened or written (nothing of the session is then stored)."""
     try:
-        with HistoryStore.open(target) as store:
-            return store.append(run, metrics)
+        if is_postgresql(target) or sqlite_path(target).exists():
+            with HistoryStore.open(target) as store:
+                return store.append(run, metrics)
+        return _create(run, metrics, target)
     except HistoryError as exc:
         _warn(f"moeperf history not written: {exc}")
         return None
+
+
+def _create(run: SessionRecord, metrics: Sequence[MetricRecord], target: str) -> int:
+    """A new SQLite history holding this session, whole or not at all: written to a file beside its path, then
+    linked into place (a session that created it meanwhile keeps it, and this one is appended there). A failure
+    (a full disk) leaves no file, and none of the folders made for it."""
+    path = sqlite_path(target)
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    fresh = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.new")
+    done = False
+    try:
+        with HistoryStore.open(target, at=fresh) as store:
+            run_id = store.append(run, metrics)
+        if Path(f"{fresh}-wal").exists():  # the close could not fold the journal into the file: it is not whole
+            raise HistoryError(f"cannot write history {target}: its write-ahead log was not checkpointed")
+        try:
+            os.link(fresh, path)
+        except FileExistsError:
+            with HistoryStore.open(target) as store:
+                run_id = store.append(run, metrics)
+        except OSError:  # a file system without hard links
+            os.replace(fresh, path)
+        done = True
+        return run_id
+    except OSError as exc:
+        raise HistoryError(f"cannot write history {target}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            for leftover in (fresh, *(Path(f"{fresh}{suffix}") for suffix in ("-wal", "-shm", "-journal"))):
+                leftover.unlink(missing_ok=True)
+            for folder in [] if done else made:  # deepest first; stops at one that is not empty
+                folder.rmdir()
 
 
 def record_report(doc: Mapping[str, Any], target: str, started: str | None = None) -> int | None:
@@ -104,7 +135,7 @@ def flagged_trends(doc: Mapping[str, Any], target: str | None) -> list[Any]:
     keys = html.flagged_keys(metrics)
     if not keys:
         return []
-    with HistoryStore.open(target) as store:
+    with HistoryStore.read(target) as store:
         return [t for t in trend.trends(store, keys, fingerprint=run.fingerprint_hash) if t.key in keys]
 
 

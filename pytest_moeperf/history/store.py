@@ -7,22 +7,22 @@ One SQLite file by default (the stdlib's ``sqlite3``); PostgreSQL when the targe
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
-import re
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote
 
 from pytest_moeperf.history.records import MetricRecord, Point, SessionRecord, StoredSession
+from pytest_moeperf.history.targets import is_postgresql, redact, scrub, sqlite_path
 
 SCHEMA_VERSION = 3
-OFF = ("off", "none", "no", "false", "0")
 
 
 class HistoryError(RuntimeError):
@@ -66,50 +66,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def is_postgresql(target: str) -> bool:
-    return target.startswith(("postgresql://", "postgres://"))
-
-
-def sqlite_path(target: str) -> Path:
-    """A SQLite target is a path or a URL as SQLAlchemy spells it: ``sqlite:///relative`` or ``sqlite:////absolute``."""
-    return Path(target.removeprefix("sqlite:///"))
-
-
-def parse_target(text: str) -> str | None:
-    """``--moeperf-history``: a PostgreSQL URL, a SQLite path (or ``sqlite:///path``), or ``off`` (None)."""
-    value = text.strip()
-    if value.lower() in OFF:
-        return None
-    if "://" in value and not (is_postgresql(value) or value.startswith("sqlite:///")):
-        raise ValueError(f"expected a SQLite path, sqlite:///PATH, postgresql://… or off, got {text!r}")
-    return value
-
-
-_SECRET_PARAMETER = re.compile("pass|secret|token", re.IGNORECASE)  # password=, sslpassword=, passfile=, …
-
-
-def _redact_parameter(parameter: str) -> str:
-    key, equals, _ = parameter.partition("=")
-    return f"{key}=***" if equals and _SECRET_PARAMETER.search(unquote(key)) else parameter
-
-
-def redact(target: str) -> str:
-    """The target with every password replaced, for messages: in the user information (``user:***@``) and in the
-    query (``?password=***``, ``sslpassword=***``; a key libpq would decode from percent-encoding too)."""
-    if not is_postgresql(target):
-        return target
-    scheme, _, rest = target.partition("://")
-    userinfo = re.match(r"[^@/]*@", rest)  # libpq's reading: user information ends at the first '@' before any '/'
-    if userinfo is not None:
-        credentials = userinfo.group(0)[:-1]
-        user = credentials.split(":", 1)[0]
-        rest = f"{user}{':***' if ':' in credentials else ''}@{rest[userinfo.end():]}"
-    location, question, query = rest.partition("?")
-    if question:
-        query = "&".join(_redact_parameter(p) for p in query.split("&"))
-    return f"{scheme}://{location}{question}{query}"
-
-
 _RUN_COLUMNS = "r.id, r.started, r.finished, r.git_commit, r.git_dirty, r.host, r.fingerprint, r.fingerprint_hash, " \
                "r.host_id, r.branch, " \
                "r.versions"
@@ -141,8 +97,22 @@ def match_keys(known: Iterable[str], patterns: Sequence[str]) -> list[str]:
     return chosen
 
 
+def driver_error(what: str, target: str, exc: BaseException) -> HistoryError:
+    """A driver's error as a `HistoryError`: ``what``, the target (redacted), then the driver's text, scrubbed of
+    every password and fragment of one (`targets.scrub`: a driver quotes what it failed to parse)."""
+    return HistoryError(f"{what} {redact(target)}: {type(exc).__name__}: {scrub(str(exc), target)}")
+
+
+def _sqlite_read_only(path: Path, immutable: bool) -> sqlite3.Connection:
+    """``path`` opened read-only (SQLite's ``mode=ro``); ``immutable``: also without the shared-memory file a WAL
+    database needs beside it, which a read-only folder cannot hold (and where nothing can change the file)."""
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro{'&immutable=1' if immutable else ''}"
+    return sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+
+
 class HistoryStore:
-    """An open history database, its schema migrated to `SCHEMA_VERSION`. Use as a context manager."""
+    """An open history database; use as a context manager. `open` is the writer's: it creates the database or
+    migrates its schema to `SCHEMA_VERSION`. `read` is every reader's: read-only, never creating nor migrating."""
 
     def __init__(self, conn: Any, dialect: Dialect, target: str) -> None:
         self.conn = conn
@@ -150,28 +120,79 @@ class HistoryStore:
         self.target = target
 
     @classmethod
-    def open(cls, target: str) -> HistoryStore:
+    def _connect(cls, target: str, read_only: bool, at: Path | None = None) -> HistoryStore:
         try:
             if is_postgresql(target):
                 import psycopg
 
-                store = cls(psycopg.connect(target, autocommit=True, connect_timeout=10), POSTGRESQL, target)
-            else:
-                path = sqlite_path(target)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-                conn.execute("PRAGMA foreign_keys = ON")
-                store = cls(conn, SQLITE, target)
+                conn = psycopg.connect(target, autocommit=True, connect_timeout=10)
+                if read_only:  # every statement is then a read-only transaction: the server refuses any write
+                    conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+                return cls(conn, POSTGRESQL, target)
+            path = at or sqlite_path(target)
+            if read_only:
+                return cls(_sqlite_read_only(path, immutable=False), SQLITE, target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            conn.execute("PRAGMA foreign_keys = ON")
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                with contextlib.suppress(sqlite3.OperationalError):  # a long read under way: write as before, now
+                    conn.execute("PRAGMA journal_mode = WAL")  # kept by the file: readers go on while one writes
+            return cls(conn, SQLITE, target)
         except ImportError as exc:
             raise HistoryError(f"a PostgreSQL history needs psycopg: pip install 'psycopg[binary]' ({exc})") from None
         except Exception as exc:  # noqa: BLE001 - driver errors differ per database; all mean "cannot open"
-            raise HistoryError(f"cannot open history {redact(target)}: {type(exc).__name__}: {exc}") from None
+            raise driver_error("cannot open history", target, exc) from None
+
+    @classmethod
+    def open(cls, target: str, at: Path | None = None) -> HistoryStore:
+        """The history to write to: created when missing, its schema migrated; a SQLite file in WAL journal mode.
+        ``at``: the SQLite file to write instead of the target's (a new history's, before it is moved into place);
+        messages still name the target."""
+        store = cls._connect(target, read_only=False, at=at)
         try:
             store.migrate()
         except Exception:
             store.close()
             raise
         return store
+
+    @classmethod
+    def read(cls, target: str, *, current: bool = True) -> HistoryStore:
+        """An existing history to read: opened read-only (SQLite ``mode=ro``; PostgreSQL, read-only transactions),
+        never created nor migrated, so it reads while a session writes, and from read-only media. A missing file,
+        a database without moeperf's tables, a newer schema and (``current``) an older one are refused."""
+        if not is_postgresql(target):
+            path = sqlite_path(target)
+            if not path.exists():
+                raise HistoryError(f"no history at {target} (run pytest with --moeperf-history, or pass --db "
+                                   "URL|PATH)")
+            if path.is_dir():
+                raise HistoryError(f"{target} is a directory, not a history database file")
+        store = cls._connect(target, read_only=True)
+        try:
+            try:
+                found = store.schema()
+            except HistoryError:
+                if store.dialect is POSTGRESQL or os.access(sqlite_path(target).absolute().parent, os.W_OK):
+                    raise
+                store.close()  # a WAL file in a folder no one here can write to: read it as immutable
+                store = cls(_sqlite_read_only(sqlite_path(target), immutable=True), SQLITE, target)
+                found = store.schema()
+            store._check(found, current)
+        except Exception:
+            store.close()
+            raise
+        return store
+
+    @classmethod
+    def upgrade(cls, target: str) -> tuple[int, int]:
+        """Migrate an existing history to `SCHEMA_VERSION` (``moeperf history upgrade``); its schema version before
+        and after. A database without moeperf's tables is refused, not given them."""
+        with cls.read(target, current=False) as store:
+            before = store.version()
+        with cls.open(target) as store:
+            return before, store.version()
 
     def close(self) -> None:
         self.conn.close()
@@ -190,9 +211,9 @@ class HistoryStore:
         try:
             return list(self.conn.execute(self._sql(text), tuple(params)).fetchall())
         except Exception as exc:  # noqa: BLE001 - sqlite3.Error or psycopg.Error
-            raise HistoryError(f"history {redact(self.target)}: {type(exc).__name__}: {exc}") from None
+            raise driver_error("cannot read history", self.target, exc) from None
 
-    @contextmanager
+    @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
         """One transaction; SQLite takes the write lock at once so concurrent sessions queue instead of failing."""
         if self.dialect is POSTGRESQL:
@@ -211,6 +232,26 @@ class HistoryStore:
     def version(self) -> int:
         rows = self._rows("SELECT MAX(version) FROM moeperf_schema")
         return int(rows[0][0] or 0)
+
+    def schema(self) -> int | None:
+        """The schema version; None when the database holds no moeperf history (no ``moeperf_schema`` table)."""
+        found = self._rows("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'moeperf_schema'"
+                           if self.dialect is SQLITE else "SELECT to_regclass('moeperf_schema') IS NOT NULL")
+        return self.version() if found[0][0] else None
+
+    def _check(self, version: int | None, current: bool) -> None:
+        shown = redact(self.target)
+        if version is None:
+            raise HistoryError(f"{shown} holds no moeperf history (no moeperf_schema table), and a read adds none: "
+                               "name the database your sessions record to (--moeperf-history)")
+        if version > SCHEMA_VERSION:
+            raise HistoryError(f"history {shown} has schema {version}; this moeperf reads up to {SCHEMA_VERSION}: "
+                               "upgrade pytest-moeperf")
+        if current and version < SCHEMA_VERSION:
+            raise HistoryError(f"history {shown} has schema {version}, older than this moeperf's {SCHEMA_VERSION}, "
+                               f"and a read does not upgrade it: `moeperf history --db {shown} upgrade` does, as "
+                               "does the next pytest session that records to it (after that, older versions of "
+                               "pytest-moeperf cannot read it)")
 
     def migrate(self) -> None:
         """Create the tables or bring them up to `SCHEMA_VERSION`, once, even with several writers at a time."""
@@ -231,7 +272,7 @@ class HistoryStore:
         except HistoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - sqlite3.Error or psycopg.Error
-            raise HistoryError(f"cannot migrate history {redact(self.target)}: {type(exc).__name__}: {exc}") from None
+            raise driver_error("cannot migrate history", self.target, exc) from None
 
     # ------------------------------------------------------------------------------------------ writing
     def append(self, run: SessionRecord, metrics: Sequence[MetricRecord]) -> int:
@@ -253,7 +294,7 @@ class HistoryStore:
                       m.allowed, m.baseline, m.reason) for m in metrics])
                 cursor.close()
         except Exception as exc:  # noqa: BLE001 - sqlite3.Error or psycopg.Error, rolled back
-            raise HistoryError(f"cannot write history {redact(self.target)}: {type(exc).__name__}: {exc}") from None
+            raise driver_error("cannot write history", self.target, exc) from None
         return run_id
 
     # ------------------------------------------------------------------------------------------ reading

@@ -123,10 +123,19 @@ def atomic_write(path: Path, text: str) -> None:
 
 def write_report(path: Path, text: str, append: bool = False) -> None:
     """A report file: appended to (a Markdown summary such as ``$GITHUB_STEP_SUMMARY`` collects several
-    sessions), else written atomically. Raises `OSError`."""
+    sessions), else written atomically. Raises `OSError`; an append that fails (a full disk) is taken back, so
+    the file ends as it was, never with part of this session's text."""
     if append and path.exists() and not isinstance(_target(path), int):  # our stdout: after what we printed
-        with path.open("a", encoding="utf-8") as handle:
-            handle.write(text)
+        with open(path, "ab", buffering=0) as handle:
+            start = handle.seek(0, os.SEEK_END) if handle.seekable() else None
+            data = text.encode("utf-8")
+            try:
+                while data:
+                    data = data[handle.write(data) or 0:]
+            except BaseException:
+                if start is not None:
+                    handle.truncate(start)
+                raise
     else:
         atomic_write(path, text)
 

@@ -18,6 +18,7 @@ from pytest_moeperf.dashboard.build import DashboardError, Options, guarded, wri
 from pytest_moeperf.dashboard.model import page_of
 from pytest_moeperf.history.store import HistoryStore
 from tests.dashboard.histories import ALLREDUCE, GEMM, fill
+from tests.history.conftest import listing
 
 
 def payload(page: Path) -> dict[str, Any]:
@@ -101,8 +102,7 @@ def test_an_empty_history_is_refused_and_nothing_is_written(target: str, tmp_pat
     with pytest.raises(DashboardError, match="holds no session yet"):
         guarded(Options(target=target, out=out, jobs=1), lambda _: None)
     _refused(["--db", target, "--out", str(out)], capsys, "holds no session yet", f"nothing written to {out}")
-    assert not out.exists() and list(tmp_path.iterdir()) == ([] if target.startswith("postgresql") else
-                                                             [tmp_path / "history.sqlite"])
+    assert not out.exists() and listing(tmp_path) == ([] if target.startswith("postgresql") else ["history.sqlite"])
 
 
 def test_an_unreachable_postgresql_is_refused_without_its_password(tmp_path: Path,
@@ -153,7 +153,7 @@ def test_an_out_that_is_not_a_dashboard_is_refused_before_reading(tmp_path: Path
     _refused(["--db", target, "--out", str(mine)], capsys, f"--out {mine} exists and is not a moeperf dashboard")
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     _refused(["--db", target, "--out", str(mine / "notes.txt")], capsys, "is a file, not a folder")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "h.sqlite"], "no build folder left beside it"
+    assert listing(tmp_path) == ["docs", "h.sqlite"], "no build folder left beside it"
 
 
 def test_an_earlier_dashboard_or_an_empty_folder_is_replaced_whole(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_an_earlier_dashboard_or_an_empty_folder_is_replaced_whole(tmp_path: Pat
     (out / render.MANIFEST).write_text(json.dumps({**manifest, "files": [*manifest["files"], "m/stale.html"]}))
     built = guarded(Options(target=target, out=out, jobs=1), lambda _: None)
     assert not (out / "m" / "stale.html").exists() and (out / "index.html").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite", "site"]
+    assert listing(tmp_path) == ["h.sqlite", "site"]
     assert built.kept == built.dropped == ()
     listed = json.loads((out / render.MANIFEST).read_text())["files"]
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == listed
@@ -229,7 +229,7 @@ def test_an_out_that_is_a_symlink_gets_the_site_where_it_points(tmp_path: Path,
     guarded(Options(target=target, out=link, jobs=1), lambda _: None)
     assert link.is_symlink() and link.readlink() == www / "site"
     assert "window.MOEPERF_PAGE" in (www / "site" / "index.html").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite", "site", "www"]
+    assert listing(tmp_path) == ["h.sqlite", "site", "www"]
     assert [p.name for p in www.iterdir()] == ["site"]
     fresh = tmp_path / "fresh"  # a link to a folder not made yet: made there
     fresh.symlink_to("www/new")
@@ -242,7 +242,7 @@ def test_an_out_that_is_a_symlink_gets_the_site_where_it_points(tmp_path: Path,
              f"--out {tmp_path / 'mine'} (a symlink to {tmp_path / 'notes'}) exists and is not a moeperf dashboard")
     (tmp_path / "loop").symlink_to("loop")
     _refused(["--db", target, "--out", str(tmp_path / "loop")], capsys, "is a symlink that cannot be followed")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "h.sqlite", "loop", "mine", "notes", "site", "www"]
+    assert listing(tmp_path) == ["fresh", "h.sqlite", "loop", "mine", "notes", "site", "www"]
     assert [p.name for p in (tmp_path / "notes").iterdir()] == ["mine.txt"]
 
 
@@ -256,12 +256,16 @@ def test_a_write_that_fails_half_way_leaves_the_earlier_site(tmp_path: Path) -> 
 
 
 def test_a_history_of_an_older_schema_reads_without_reasons(tmp_path: Path) -> None:
-    """A history written before schema 3 (no reason column) is migrated on opening; its verdicts have no reason."""
+    """A history written before schema 3 (no reason column) is refused by a read, which never migrates (issue 37);
+    once `moeperf history upgrade` migrated it, its verdicts have no reason."""
     path = tmp_path / "h.sqlite"
     fill(str(path), sessions=4)
     with sqlite3.connect(path) as conn:
         conn.execute("ALTER TABLE moeperf_metrics DROP COLUMN reason")
         conn.execute("DELETE FROM moeperf_schema WHERE version = 3")
+    with pytest.raises(DashboardError, match=f"schema 2, older than .*moeperf history --db {path} upgrade"):
+        guarded(Options(target=str(path), out=tmp_path / "site", jobs=1), lambda _: None)
+    assert cli.main(["history", "--db", str(path), "upgrade"]) == 0
     guarded(Options(target=str(path), out=tmp_path / "site", jobs=1), lambda _: None)
     page = payload(tmp_path / "site" / page_of(GEMM.format(0)))
     assert all(p[7] is None for lane in page["lanes"] for p in lane["p"])

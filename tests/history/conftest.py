@@ -16,6 +16,12 @@ import pytest
 PG_ENV = "MOEPERF_TEST_PG_URL"
 
 
+def listing(folder: Path) -> list[str]:
+    """The names in ``folder``, sorted, less SQLite's own ``-wal`` and ``-shm`` files beside a WAL database: a
+    read-only read in a writable folder may leave them (the database unchanged), and the next write removes them."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(("-wal", "-shm")))
+
+
 def pg_url() -> str:
     url = os.environ.get(PG_ENV)
     if not url:

@@ -88,3 +88,23 @@ def test_find_steps_on_series_alone() -> None:
     assert [s.index for s in steps] == [STEP_AT]
     assert steps[0].relative == pytest.approx(-0.15, abs=0.03) and steps[0].pvalue < 0.001
     assert find_steps([1.0, 2.0]) == [], "too short to split"
+
+
+@pytest.mark.parametrize("action", [["list"], ["show", "latency"]])
+def test_fingerprint_filters_before_and_after_the_action(target: str, capsys: pytest.CaptureFixture[str],
+                                                         action: list[str]) -> None:
+    """``--fingerprint`` works on either side of ``list`` and ``show`` (issue 37, item 9: before the action, a
+    default one parser set on the action shared through ``parents=`` overwrote it, and every run was shown)."""
+    other = {"fingerprint": "8x-h200-nvlink", "hash": "fedcba987654"}
+    with HistoryStore.open(target) as store:
+        store.append(*records_from_report(report_doc(0, {KEY: 100.0})))
+        store.append(*records_from_report(report_doc(1, {KEY: 50.0}, fingerprint=other)))
+    before = ["history", "--db", target, "--fingerprint", "8x-h200-nvlink", *action]
+    after = ["history", "--db", target, *action, "--fingerprint", "fedcba987654"]
+    for argv in (before, after, ["history", "--fingerprint", "8x-h200-nvlink", "--db", target]):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert "8x-h200-nvlink" in out and "cpu-2c-test" not in out, (argv, out)
+    assert main(["history", "--db", target, *action]) == 0
+    out = capsys.readouterr().out
+    assert "8x-h200-nvlink" in out and "cpu-2c-test" in out, "no filter: every fingerprint"

@@ -9,15 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.history.records import MetricRecord, SessionRecord, records_from_report
-from pytest_moeperf.history.store import (
-    SCHEMA_VERSION,
-    HistoryError,
-    HistoryStore,
-    match_keys,
-    parse_target,
-    redact,
-    sqlite_path,
-)
+from pytest_moeperf.history.store import SCHEMA_VERSION, HistoryError, HistoryStore, match_keys
+from pytest_moeperf.history.targets import parse_target, redact, sqlite_path
 from tests.history.sessions import KEY, report_doc
 
 
