@@ -11,6 +11,7 @@ from collections.abc import Generator
 import pytest
 
 from pytest_moeperf import hookspec, settings
+from pytest_moeperf.adoption import plugin as adoption
 from pytest_moeperf.health import gate as health_gate
 from pytest_moeperf.judging import verdict as verdict_mod
 from pytest_moeperf.judging.thresholds import Reference, Threshold
@@ -23,7 +24,7 @@ from pytest_moeperf.processes import rounds, starts, termination, windows
 from pytest_moeperf.processes.children import ONLY_ENV, read_only
 from pytest_moeperf.runtime import (
     child_key,
-    perf_key,
+    new_perf,
     restore_env_key,
     session_key,
     settings_key,
@@ -107,6 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
     windowed = windows.Windows(resolved.windows or 1)
     config.pluginmanager.register(windowed, "moeperf-windows")
     config.pluginmanager.register(starts.Starts(state, config.stash[started_key], windowed), "moeperf-starts")
+    adoption.install(config, state, resolved.benchmark_unit)
     if resolved.round_of is not None and not hasattr(config, "workerinput"):
         # a child of --moeperf-rounds or moeperf ab: SIGTERM interrupts it as Ctrl-C does (fixtures torn down)
         child = contextlib.ExitStack()
@@ -194,19 +196,13 @@ def moeperf_settings(pytestconfig: pytest.Config) -> settings.Settings:
 @pytest.fixture
 def perf(request: pytest.FixtureRequest) -> Generator[Perf, None, None]:
     """Record metrics: ``perf.record(name, samples, unit=..., better="lower"|"higher")``."""
-    state = request.config.stash[session_key]
-    topo = state.topology
-    unit = request.config.hook.pytest_moeperf_round_unit(config=request.config, item=request.node)
-    # keyed by the test's id relative to its project root, not pytest's rootdir (`store.keys`)
-    recorder = Perf(state.ids.of_item(request.node), simulated_from=topo.source if topo.simulated else None,
-                    round_unit=unit)
-    request.node.stash[perf_key] = recorder
-    yield recorder
+    yield new_perf(request.node)
 
 
 @pytest.fixture(autouse=True)
 def _moeperf_deadline(request: pytest.FixtureRequest) -> None:
     """``--moeperf-deadline``: once the session has run that long, the remaining tests that measure skip; a test
     marked ``moeperf_deadline_inside`` (its result may come from work another test already did) checks itself."""
-    if "perf" in request.fixturenames and request.node.get_closest_marker("moeperf_deadline_inside") is None:
+    measures = "perf" in request.fixturenames or adoption.adopts(request.config, request.fixturenames)
+    if measures and request.node.get_closest_marker("moeperf_deadline_inside") is None:
         skip_past_deadline(request.config)

@@ -36,6 +36,18 @@ restore_env_key = pytest.StashKey[Callable[[], None]]()
 child_key = pytest.StashKey[contextlib.ExitStack]()
 
 
+def new_perf(item: pytest.Item) -> Perf:
+    """A fresh `Perf` for a test item, kept in its stash: the ``perf`` fixture's, or an adopted pytest-benchmark
+    test's (`adoption`). Its metrics are keyed by the test's id relative to its project root (`store.keys`)."""
+    config = item.config
+    state = config.stash[session_key]
+    topo = state.topology
+    unit = config.hook.pytest_moeperf_round_unit(config=config, item=item)
+    recorder = Perf(state.ids.of_item(item), simulated_from=topo.source if topo.simulated else None, round_unit=unit)
+    item.stash[perf_key] = recorder
+    return recorder
+
+
 def skip_reason(report: pytest.TestReport) -> str:
     """Why a test did not measure: its skip reason, or that it failed or errored ("" when it passed)."""
     if report.passed:

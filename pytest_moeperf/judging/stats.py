@@ -15,7 +15,11 @@ def quantile(values: Sequence[float], q: float) -> float:
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"q must be in [0, 1], got {q}")
     ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
+    return _at(ordered, (len(ordered) - 1) * q)
+
+
+def _at(ordered: Sequence[float], pos: float) -> float:
+    """The value at fractional position ``pos`` of sorted ``ordered``, interpolated linearly."""
     low, high = ordered[math.floor(pos)], ordered[math.ceil(pos)]
     frac = pos - math.floor(pos)
     if frac == 0 or low == high:
@@ -24,6 +28,17 @@ def quantile(values: Sequence[float], q: float) -> float:
     if math.isinf(gap):  # two finite values near the float limit of opposite signs: interpolate without the gap
         return low * (1.0 - frac) + high * frac
     return low + gap * frac
+
+
+def quantile_points(values: Sequence[float], k: int) -> list[float]:
+    """``k`` (>= 2) quantiles of ``values`` (`quantile`'s) evenly spaced from the minimum to the maximum, sorted once.
+    When ``k - 1`` is divisible by 4 their median, quartiles, minimum and maximum are exactly those of ``values``."""
+    if not values:
+        raise ValueError("quantiles of no values")
+    if k < 2:
+        raise ValueError(f"k must be at least 2, got {k}")
+    ordered = sorted(values)
+    return [_at(ordered, (len(ordered) - 1) * i / (k - 1)) for i in range(k)]
 
 
 def median(values: Sequence[float]) -> float:

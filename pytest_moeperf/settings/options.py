@@ -59,6 +59,22 @@ def parse_emulation(text: str) -> str | None:
     return name
 
 
+def parse_benchmark(text: str) -> str:
+    """The unit pytest-benchmark's results are adopted in (``s``, ``ms``, ``us``, ``ns``; ``on``: ``s``), or ``off``:
+    not adopted."""
+    from pytest_moeperf.adoption.results import OFF, UNITS
+
+    name = text.strip().lower()
+    if name in (OFF, "no", "false", "0", "none"):
+        return OFF
+    if name in ("on", "yes", "true", "1"):
+        return UNITS[0]
+    name = {"µs": "us", "μs": "us"}.get(name, name)
+    if name not in UNITS:
+        raise argparse.ArgumentTypeError(f"expected a time unit ({', '.join(UNITS)}), on or off, got {text!r}")
+    return name
+
+
 def parse_dirs(text: str) -> tuple[Path, ...]:
     """Directories separated by os.pathsep (or one per ini line)."""
     return tuple(Path(p) for line in text.splitlines() for p in line.split(os.pathsep) if p.strip())
@@ -195,6 +211,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("profiles", "profile_dirs", "directories of serve profiles (*.json) the serving and spec-decode suites "
            "run (repeatable, or os.pathsep-separated); unset: the directories the suites name (the "
            "pytest_moeperf_profile_dirs hook)", "DIR", parse_dirs, (), repeat=True),
+    Option("benchmark", "benchmark_unit", "adopt pytest-benchmark's results: each test's `benchmark` fixture result "
+           "becomes its metric 'time' in UNIT (s, ms, us, ns; on: s), judged, confirmed, stored and reported like a "
+           "perf.record metric (pytest-benchmark's own options and outputs are unchanged); off: left to "
+           "pytest-benchmark alone", "UNIT|on|off", parse_benchmark, "s"),
     Option("interconnect-emulation", "emulation", "take NVLink (pcie-no-p2p) or also host shared memory "
            "(pcie-socket) away from NCCL in the all-reduce ranks and launched servers, as a labelled stand-in for a "
            "PCIe box without peer-to-peer; baselines are keyed apart (<slug>+NAME)", "NAME|none", parse_emulation,
@@ -251,6 +271,7 @@ class Settings:
     windows: int | None = None  # None: auto (planned with starts auto, else 1: `processes.windows`)
     deadline_at: float | None = None  # a child's: the session's deadline as a Unix time (`DEADLINE_ENV`)
     lock_timeout_s: float = 600.0
+    benchmark_unit: str = "s"  # "off": pytest-benchmark's results are not adopted (`adoption`)
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in
