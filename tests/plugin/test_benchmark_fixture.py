@@ -71,7 +71,8 @@ def no_baselines(pytester: pytest.Pytester) -> bool:
 def test_every_benchmark_is_a_metric_in_the_unit_asked_for(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
     """Before: pytest-benchmark's results never reached the ledger, and an update stored nothing."""
     pytester.makepyfile(test_bench=BENCH)
-    update = run_moeperf("--moeperf-update", "--moeperf-benchmark", "ms", "--moeperf-report", "r.json")
+    update = run_moeperf("--moeperf-update", "--moeperf-benchmark", "ms", "--moeperf-report", "r.json",
+                         "--moeperf-health", "on")
     update.assert_outcomes(passed=4)
     update.stdout.fnmatch_lines(["baselines updated: 3 metric(s)"])
     metrics = stored(pytester)
@@ -89,6 +90,7 @@ def test_every_benchmark_is_a_metric_in_the_unit_asked_for(pytester: pytest.Pyte
     (record,) = [r for r in doc["moeperf"]["records"] if r["metric"]["name"] == "time"
                  and r["metric"]["test_id"].endswith("test_sum[1000]")]
     assert record["rounds"][0]["samples"] == [pytest.approx(2.0)] * 7
+    assert "health_window_s" in record["rounds"][0]["health"]["facts"], "the health gate watches the call"
 
     default = run_moeperf()  # unset: seconds; a changed unit fails its test, naming both
     default.assert_outcomes(passed=1, failed=3)
