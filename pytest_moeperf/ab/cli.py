@@ -1,7 +1,8 @@
 """``moeperf ab [options] [-- pytest args…]``: base against head on the same box, interleaved and paired.
 
 Exit status: 0 no metric REGRESSED (and no test failed); 1 a metric REGRESSED or a test failed on a side; 2 bad
-input (an option, a side that cannot run pytest, pytest arguments that select nothing or that moeperf ab refuses);
+input (an option, sides that do not differ, a side that cannot run pytest, pytest arguments that select nothing or
+that moeperf ab refuses);
 3 a side's session crashed (its output is shown); 130 interrupted (Ctrl-C, or SIGINT from a job's time limit: the
 complete pairs so far are judged and the reports written, saying so; before the first complete pair nothing is);
 143 terminated (SIGTERM: the same as an interruption, reported as a termination). Either way the running child
@@ -64,6 +65,9 @@ SERVED = ("--moeperf-server-url", "--moeperf-server-pid")
 ONE_START_NOTE = ("moeperf ab: one server a side for the whole run (--serve-reuse): a difference between the two "
                   "server starts (up to 14 % seen on 1x H200) reads as the sides' difference; without --serve-reuse "
                   "every pair has its own starts")
+#: what makes the sides differ
+SIDE_OPTIONS = ("Name what differs with --base-ref/--head-ref REF, --base-python/--head-python PATH or "
+                "--base-env/--head-env KEY=VALUE")
 APART_NOTE = ("moeperf ab: two servers of the profile do not fit on this box at once: each process had a fresh "
               "server of its own side, started just before it")
 
@@ -74,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the same pytest session on two sides (interpreter, environment, git revision) in "
                     "randomized ABBA blocks of separate processes on this box, and judge each metric on the pairs.",
         epilog="Arguments after -- go to pytest on both sides (tests, -k, --moeperf-tolerance, -p plugins). Exit "
-               "status: 0 no regression, 1 a metric regressed or a test failed, 2 bad input, 3 a side's session "
+               "status: 0 no regression, 1 a metric regressed or a test failed, 2 bad input (sides that do not "
+               "differ included: --aa runs one side twice), 3 a side's session "
                "crashed, 130 interrupted, 143 terminated by SIGTERM (either way the complete pairs are judged and "
                "written).")
     for side in (BASE, HEAD):
@@ -194,6 +199,10 @@ def _main_ab(argv: Sequence[str]) -> int:
     try:
         with Checkouts(Path.cwd()) as checkouts, tempfile.TemporaryDirectory(prefix="moeperf-ab-") as tmp:
             try:
+                same = None if args.aa else checkouts.same(base_spec, head_spec)
+                if same is not None:
+                    raise SideError(f"the two sides are the same ({same}): the run would compare them with "
+                                    f"themselves. {SIDE_OPTIONS}, or run the A/A calibration with --aa")
                 base = checkouts.prepare(base_spec)
                 head = base if args.aa else checkouts.prepare(head_spec)
             except SideError as exc:

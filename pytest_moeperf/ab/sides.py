@@ -6,7 +6,8 @@ directory; default: the interpreter running ``moeperf``), environment variables 
 git revision of the project, checked out in a temporary ``git worktree`` of its own and removed afterwards;
 default: the checkout ``moeperf ab`` runs in, as it is, uncommitted changes included). A side's child sessions run
 in the same directory relative to the checkout's top as ``moeperf ab`` was started in, so relative test paths
-select the same tests on both sides.
+select the same tests on both sides. Two sides must differ in one of these (`Checkouts.same`): ``--aa`` is the run of
+one side twice.
 """
 
 from __future__ import annotations
@@ -157,6 +158,40 @@ class Checkouts:
             raise SideError(f"{spec.option('ref')} {spec.ref}: git worktree add failed: {done.stderr.strip()}")
         self.trees[commit] = path
         return path
+
+    def _clean_commit(self) -> str | None:
+        """This checkout's HEAD commit when nothing in it differs from that commit (no change to a tracked file, no
+        untracked file git does not ignore); None when something does, or outside git."""
+        head = _git(self.cwd, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+        status = _git(self.cwd, "status", "--porcelain", "--untracked-files=normal")
+        if head.returncode or status.returncode or status.stdout.strip():
+            return None
+        return head.stdout.strip() or None
+
+    def same(self, base: SideSpec, head: SideSpec) -> str | None:
+        """What the two sides share when nothing differs between them (the same interpreter, the same environment
+        on top of this one, checkouts of the same content), in words; None when something does (`SideError` for a
+        ``ref`` that names no commit). ``--base-ref HEAD`` differs from this checkout only by its uncommitted
+        changes."""
+        python = {os.path.abspath(spec.python or sys.executable) for spec in (base, head)}
+        if len(python) > 1 or env_difference({**os.environ, **dict(base.env)}, {**os.environ, **dict(head.env)}):
+            return None
+        env = " ".join(f"{k}={v}" for k, v in sorted(dict(base.env).items())) or "no variable set"
+        refs = [spec for spec in (base, head) if spec.ref is not None]
+        if not refs:
+            return f"both: this checkout as it is, {python.pop()}, {env}"
+        commits = {self.commit(spec) for spec in refs}
+        commit = commits.pop()
+        if commits:
+            return None
+        if len(refs) == 2:
+            where = f"{base.option('ref')} {base.ref} and {head.option('ref')} {head.ref} are both commit {commit[:10]}"
+        elif self._clean_commit() == commit:
+            where = (f"{refs[0].option('ref')} {refs[0].ref} is commit {commit[:10]}, which this checkout is at with "
+                     "no uncommitted change")
+        else:
+            return None
+        return f"{where}; both: {python.pop()}, {env}"
 
     def prepare(self, spec: SideSpec) -> Side:
         """``spec`` ready to run: its checkout made, its interpreter checked to run pytest with moeperf there."""

@@ -16,17 +16,12 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from pytest_moeperf.reports.document import metric_entries
-
-INSTALLED = any(ep.value == "pytest_moeperf.plugin" for ep in metadata.entry_points(group="pytest11"))
-#: the pytest arguments of both sides: the plugin (when it is not installed), no cache files in the project, and the
-#: health gate off (as in `run_moeperf`: a loaded box must not decide these verdicts by dropping pairs)
-PYTEST = (*(() if INSTALLED else ("-p", "pytest_moeperf.plugin")), "-p", "no:cacheprovider", "--moeperf-health", "off")
+from tests.ab.sessions import COMMAND, PYTEST, alive, git, moeperf_ab
 
 SUITE = """
 import os, random
@@ -41,12 +36,6 @@ def test_bandwidth(perf):
 """
 LATENCY = "test_syn.py::test_latency::latency"
 GBPS = "test_syn.py::test_bandwidth::gbps"
-
-
-def moeperf_ab(*args: str, cwd: Path, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **({"TMPDIR": str(tmp)} if tmp else {})}
-    return subprocess.run([sys.executable, "-m", "pytest_moeperf.cli", "ab", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture
@@ -108,7 +97,8 @@ def test_a_a_calibration_finds_no_regression(suite: Path) -> None:
 
 
 def test_pytest_arguments_that_select_no_test_are_bad_input(suite: Path) -> None:
-    done = moeperf_ab("--", "test_syn.py", "-k", "no_such_test", *PYTEST, cwd=suite)
+    done = moeperf_ab("--head-env", "MOEPERF_TEST_SCALE=1.10", "--", "test_syn.py", "-k", "no_such_test", *PYTEST,
+                      cwd=suite)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "select no test or are wrong: nothing written" in done.stderr.strip().splitlines()[-1]
 
@@ -128,10 +118,6 @@ import random
 def test_step(perf, factor):
     perf.record("step", [factor * random.uniform(0.99, 1.01) for _ in range(3)], unit="s")
 """
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @pytest.fixture
@@ -215,8 +201,8 @@ def test_an_interrupted_run_judges_and_writes_its_complete_pairs(suite: Path) ->
 
 
 def test_a_side_server_that_cannot_start_names_its_side_and_leaves_nothing_running(suite: Path) -> None:
-    done = moeperf_ab("--serve", "no-such-profile", "--pairs", "6", "--max-pairs", "6", "-q", "--report", "r.json",
-                      "--", "test_syn.py", cwd=suite)
+    done = moeperf_ab("--serve", "no-such-profile", "--head-env", "MOEPERF_TEST_SCALE=1.10", "--pairs", "6",
+                      "--max-pairs", "6", "-q", "--report", "r.json", "--", "test_syn.py", cwd=suite)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "base's server (no-such-profile) exited with code 2 before it was healthy" in done.stderr
     assert "no-such-profile" in done.stderr and "nothing written" in done.stderr
@@ -248,20 +234,13 @@ def test_hangs_in_the_third_pair(perf):
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def _hanging_ab(suite: Path) -> tuple[subprocess.Popen[str], int, Path]:
     """``moeperf ab`` once the first process of the third pair hangs: the process, the hanging child, TMPDIR."""
     (suite / "test_syn.py").write_text(HANGING)
     tmp, pids = suite / "tmp", suite / "pids"
     tmp.mkdir()
     pids.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_moeperf.cli", "ab", "--pairs", "6", "--max-pairs", "6",
+    proc = subprocess.Popen([*COMMAND, "--head-env", "MOEPERF_TEST_SCALE=1.10", "--pairs", "6", "--max-pairs", "6",
                              "--seed", "4", "-q", "--report", "r.json", "--", "test_syn.py", *PYTEST], cwd=suite,
                             env={**os.environ, "TMPDIR": str(tmp), "PIDS": str(pids)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -283,10 +262,10 @@ def test_sigterm_judges_the_complete_pairs_writes_and_leaves_nothing(suite: Path
         assert "terminated (SIGTERM) after 2 complete pair(s) of at most 6" in out
         ab = json.loads((suite / "r.json").read_text())["moeperf"]["ab"]
         assert ab["pairs"] == 2 and ab["interrupted"] is True
-        assert not _alive(child), "the measuring child is stopped"
+        assert not alive(child), "the measuring child is stopped"
         assert list(tmp.iterdir()) == [], "no temporary directory is left"
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)
 
 
@@ -296,9 +275,9 @@ def test_a_child_of_a_killed_ab_stops(suite: Path) -> None:
         proc.kill()
         proc.communicate(timeout=30)
         deadline = time.monotonic() + 60
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(child), "the parent-death signal interrupted the child"
+        assert not alive(child), "the parent-death signal interrupted the child"
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pytest_moeperf.dashboard.build import Options, guarded
 from pytest_moeperf.dashboard.model import page_of
-from tests.ab.test_ab_sessions import LATENCY, PYTEST, SUITE, moeperf_ab
+from tests.ab.sessions import PYTEST, moeperf_ab
+from tests.ab.test_ab_sessions import LATENCY, SUITE
 from tests.dashboard.test_build import payload
 
 
