@@ -2,13 +2,13 @@
 
 Exit status: 0 no metric REGRESSED (and no test failed); 1 a metric REGRESSED or a test failed on a side; 2 bad
 input (an option, sides that do not differ, a side that cannot run pytest, pytest arguments that select nothing or
-that moeperf ab refuses);
-3 a side's session crashed (its output is shown); 130 interrupted (Ctrl-C, or SIGINT from a job's time limit: the
-complete pairs so far are judged and the reports written, saying so; before the first complete pair nothing is);
-143 terminated (SIGTERM: the same as an interruption, reported as a termination). Either way the running child
-tears its fixtures down and is stopped with its processes, the servers are stopped, and the temporary worktrees
-and directories are removed; a child whose ``moeperf ab`` was killed (SIGKILL) is interrupted by the parent-death
-signal (`processes.termination`).
+that moeperf ab refuses); 3 a side's session crashed (its output is shown); 130 interrupted (Ctrl-C, or SIGINT from
+a job's time limit: the complete pairs so far are judged and the reports written, saying so; before the first
+complete pair nothing is); 143 terminated (SIGTERM: the same as an interruption, reported as a termination). Either
+way the running child tears its fixtures down and is stopped with its processes, the servers are stopped, and the
+temporary worktrees and directories are removed; a child whose ``moeperf ab`` was killed (SIGKILL) is interrupted by
+the parent-death signal (`processes.termination`), and the next run removes the killed run's folder and worktrees
+(`ab.workdir`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ import datetime as dt
 import random
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pytest_moeperf.ab import adaptive, calibration, paired, report
+from pytest_moeperf.ab import adaptive, calibration, paired, report, workdir
 from pytest_moeperf.ab.runner import Runner, SideFailed, merged
 from pytest_moeperf.ab.servers import ServerError, Servers, fit_twice
 from pytest_moeperf.ab.sides import (
@@ -197,7 +196,9 @@ def _main_ab(argv: Sequence[str]) -> int:
     stopped: KeyboardInterrupt | None = None
     notes: list[str] = []
     try:
-        with Checkouts(Path.cwd()) as checkouts, tempfile.TemporaryDirectory(prefix="moeperf-ab-") as tmp:
+        for line in workdir.sweep():  # what runs killed with SIGKILL left
+            _say(line)
+        with workdir.made() as tmp, Checkouts(Path.cwd(), tmp / workdir.WORKTREES) as checkouts:
             try:
                 same = None if args.aa else checkouts.same(base_spec, head_spec)
                 if same is not None:
@@ -213,7 +214,7 @@ def _main_ab(argv: Sequence[str]) -> int:
             schedule = adaptive.looks(args.pairs, args.max_pairs)
             _say(f"moeperf ab: looks at {', '.join(map(str, schedule))} pairs (alpha {args.alpha:g} / "
                  f"{len(schedule)} a look); seed {seed}")
-            baselines = Path(tmp) / "baselines"
+            baselines = tmp / "baselines"
             baselines.mkdir()
             with contextlib.ExitStack() as stack:
                 side_args: dict[str, list[str]] = {}
@@ -226,11 +227,11 @@ def _main_ab(argv: Sequence[str]) -> int:
                         return EXIT_USAGE
                     if not together:
                         notes.append(APART_NOTE)
-                    servers = stack.enter_context(Servers(args.serve, {BASE: base, HEAD: head}, Path(tmp), _say,
+                    servers = stack.enter_context(Servers(args.serve, {BASE: base, HEAD: head}, tmp, _say,
                                                           fresh=not args.serve_reuse, together=together))
                     side_args = servers.side_args()
                     before = servers.before
-                runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, Path(tmp), seed, _say,
+                runner = Runner({BASE: base, HEAD: head}, pytest_args, baselines, tmp, seed, _say,
                                 progress=not args.quiet, side_args=side_args, before=before)
                 try:
                     outcomes, found = adaptive.run(runner, args.pairs, args.max_pairs, args.alpha, _say)

@@ -119,7 +119,7 @@ class Runner:
             extra[ONLY_ENV] = str(only_file(self.scratch, only))
         started = time.monotonic()
         done = run_child([*self.args, *self.side_args.get(name, ())], side.cwd, side.environ(extra), side.python,
-                         echo=self.echo if self.progress else None)
+                         echo=self.echo if self.progress else None, scratch=self.scratch)
         seconds = time.monotonic() - started
         line = f"  {label} ({seconds:.1f} s): {done.last_line}"
         if done.returncode not in MEASURED or done.ledger is None:

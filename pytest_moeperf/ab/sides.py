@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,13 +111,13 @@ def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 class Checkouts:
-    """The sides' checkouts: this one, or a temporary ``git worktree`` per revision, removed on leaving (also on
-    Ctrl-C). Both sides at one commit share one worktree."""
+    """The sides' checkouts: this one, or a temporary ``git worktree`` per revision in ``root`` (the run's folder's
+    `workdir.WORKTREES`), removed on leaving (also on Ctrl-C). Both sides at one commit share one worktree."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, cwd: Path, root: Path) -> None:
         self.cwd = cwd.resolve()
         self.top: Path | None = None
-        self.root: Path | None = None  # the temporary directory of the worktrees
+        self.root = root  # the directory of the worktrees
         self.trees: dict[str, Path] = {}  # commit -> worktree
 
     def __enter__(self) -> Checkouts:
@@ -150,8 +149,7 @@ class Checkouts:
         if commit in self.trees:
             return self.trees[commit]
         top = self._toplevel(spec)
-        if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix="moeperf-ab-"))
+        self.root.mkdir(exist_ok=True)
         path = self.root / f"{spec.name}-{commit[:12]}"
         done = _git(top, "worktree", "add", "--detach", "--quiet", str(path), commit)
         if done.returncode != 0:
@@ -217,12 +215,11 @@ class Checkouts:
         for path in self.trees.values():
             if self.top is not None:
                 _git(self.top, "worktree", "remove", "--force", str(path))
-        if self.root is not None:
+        if self.root.exists():
             shutil.rmtree(self.root, ignore_errors=True)
             if self.top is not None:
                 _git(self.top, "worktree", "prune")
         self.trees.clear()
-        self.root = None
 
 
 def env_difference(base: Mapping[str, str], head: Mapping[str, str]) -> list[str]:

@@ -56,12 +56,14 @@ def pytest_command(python: str, args: Sequence[str], report: Path) -> list[str]:
 
 
 def run_child(args: Sequence[str], cwd: Path, env: Mapping[str, str], python: str = sys.executable,
-              echo: Callable[[str], None] | None = None) -> ChildResult:
-    """Run ``python -m pytest ARGS`` with a private JSON report; progress lines are echoed (indented) as they
-    come, all output is kept; the child's ledger is read from its report. The child ends with this process
-    (`termination.start_child`); a KeyboardInterrupt (Ctrl-C, or SIGTERM as `termination.Terminated`) interrupts
-    it, waits for its teardown and stops what is left of it, then propagates."""
-    with tempfile.TemporaryDirectory(prefix="moeperf-child-") as tmp, tempfile.TemporaryFile(mode="w+") as err:
+              echo: Callable[[str], None] | None = None, scratch: Path | None = None) -> ChildResult:
+    """Run ``python -m pytest ARGS`` with a private JSON report (in a folder of its own in ``scratch``, default the
+    temporary directory); progress lines are echoed (indented) as they come, all output is kept; the child's ledger
+    is read from its report. The child ends with this process (`termination.start_child`); a KeyboardInterrupt
+    (Ctrl-C, or SIGTERM as `termination.Terminated`) interrupts it, waits for its teardown and stops what is left of
+    it, then propagates."""
+    with (tempfile.TemporaryDirectory(prefix="moeperf-child-", dir=scratch) as tmp,
+          tempfile.TemporaryFile(mode="w+", dir=scratch) as err):
         report = Path(tmp) / "report.json"
         argv = pytest_command(python, args, report)
         with held_interrupts() as release:  # a Ctrl-C during the fork is raised below, with the child known
