@@ -32,3 +32,27 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+def commit(repo: Path, files: dict[str, str], message: str) -> None:
+    """Write ``files`` (paths relative to ``repo``) and commit everything, making ``repo`` a git repository (branch
+    ``main``) first when it is none."""
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    if not (repo / ".git").exists():
+        git(repo, "init", "-q", "-b", "main")
+        for key, value in (("user.email", "ab@example.invalid"), ("user.name", "ab test")):
+            git(repo, "config", key, value)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+
+
+def two_commits(tmp_path: Path, test: str) -> Path:
+    """``tmp_path/project``: a git project whose ``test_p.py`` is ``test`` in both of its two commits (the second
+    adds a note); ``tmp_path/tmp`` made for a TMPDIR."""
+    repo = tmp_path / "project"
+    commit(repo, {"pytest.ini": "[pytest]\n", "test_p.py": test}, "first")
+    commit(repo, {"notes.txt": "a second commit\n"}, "second")
+    (tmp_path / "tmp").mkdir()
+    return repo

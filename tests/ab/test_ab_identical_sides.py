@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ab.sessions import PYTEST, git, moeperf_ab
+from tests.ab.sessions import PYTEST, git, moeperf_ab, two_commits
 
 TEST = """
 def test_step(perf):
@@ -28,20 +28,7 @@ SELECTS_NOTHING = "the pytest arguments after -- select no test or are wrong: no
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A clean git project of two commits (the test file is the same in both); TMPDIR is ``tmp_path / "tmp"``."""
-    repo = tmp_path / "project"
-    repo.mkdir()
-    (repo / "pytest.ini").write_text("[pytest]\n")
-    (repo / "test_p.py").write_text(TEST)
-    git(repo, "init", "-q", "-b", "main")
-    for key, value in (("user.email", "ab@example.invalid"), ("user.name", "ab test")):
-        git(repo, "config", key, value)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "first")
-    (repo / "notes.txt").write_text("a second commit\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "second")
-    (tmp_path / "tmp").mkdir()
-    return repo
+    return two_commits(tmp_path, TEST)
 
 
 def ab(project: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.ab import workdir
-from tests.ab.sessions import COMMAND, PYTEST, alive, git, moeperf_ab
+from tests.ab.sessions import COMMAND, PYTEST, alive, git, moeperf_ab, two_commits
 
 HANGS = """
 import os, pathlib, time
@@ -35,20 +35,7 @@ def test_step(perf):
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A git project of two commits whose test hangs in the run's first process when ``HANG`` names a folder."""
-    repo = tmp_path / "project"
-    repo.mkdir()
-    (repo / "pytest.ini").write_text("[pytest]\n")
-    (repo / "test_p.py").write_text(HANGS)
-    git(repo, "init", "-q")
-    for key, value in (("user.email", "ab@example.invalid"), ("user.name", "ab test")):
-        git(repo, "config", key, value)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "first")
-    (repo / "notes.txt").write_text("a second commit\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "second")
-    (tmp_path / "tmp").mkdir()
-    return repo
+    return two_commits(tmp_path, HANGS)
 
 
 def hanging(project: Path, name: str) -> tuple[subprocess.Popen[str], int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pytest_moeperf.reports.document import metric_entries
-from tests.ab.sessions import COMMAND, PYTEST, alive, git, moeperf_ab
+from tests.ab.sessions import COMMAND, PYTEST, alive, commit, git, moeperf_ab
 
 SUITE = """
 import os, random
@@ -126,18 +126,9 @@ def project(tmp_path: Path) -> Path:
     conftest (beside the test, not at the top) imports ``speed`` from the top: a side's worktree is first on
     ``PYTHONPATH`` wherever in it the session starts."""
     repo = tmp_path / "project"
-    (repo / "perf").mkdir(parents=True)
-    (repo / "pytest.ini").write_text("[pytest]\n")
-    (repo / "perf" / "conftest.py").write_text(PROJECT_CONFTEST)
-    (repo / "speed.py").write_text("FACTOR = 1.0\n")
-    (repo / "perf" / "test_step.py").write_text(PROJECT_TEST)
-    git(repo, "init", "-q")
-    for key, value in (("user.email", "ab@example.invalid"), ("user.name", "ab test")):
-        git(repo, "config", key, value)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "base")
-    (repo / "speed.py").write_text("FACTOR = 1.25\n")
-    git(repo, "commit", "-qam", "head: slower")
+    commit(repo, {"pytest.ini": "[pytest]\n", "perf/conftest.py": PROJECT_CONFTEST, "speed.py": "FACTOR = 1.0\n",
+                  "perf/test_step.py": PROJECT_TEST}, "base")
+    commit(repo, {"speed.py": "FACTOR = 1.25\n"}, "head: slower")
     (tmp_path / "tmp").mkdir()
     return repo
 
