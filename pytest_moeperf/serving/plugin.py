@@ -39,7 +39,6 @@ from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.processes.children import CACHE_ENV
 from pytest_moeperf.serving.analysis.agreement import AGREE, PAIRS, ratio_of, which_moved
 from pytest_moeperf.serving.analysis.metrics import percentile
-from pytest_moeperf.serving.analysis.specdecode import CandidateRow, comparison_table
 from pytest_moeperf.serving.analysis.tails import LOW, judge_tail
 from pytest_moeperf.serving.lifecycle.attach import AttachError, attached_profiles
 from pytest_moeperf.serving.lifecycle.caches import COMPILED_DIR, MODELS_DIR
@@ -54,6 +53,8 @@ from pytest_moeperf.serving.models.profiles import (
     load_profile_dirs,
     workload_misfit,
 )
+from pytest_moeperf.serving.models.variants import with_variants
+from pytest_moeperf.serving.speculation import spec_sections
 from pytest_moeperf.settings import Settings
 
 log = logging.getLogger("pytest_moeperf.serving")
@@ -92,6 +93,7 @@ def profiles_for(config: pytest.Config) -> dict[str, ServeProfile]:
             dirs = settings.profile_dirs or tuple(d for found_dirs in config.hook.pytest_moeperf_profile_dirs(
                 config=config) for d in found_dirs)
             found = load_profile_dirs(dirs)
+        found = with_variants(found, settings.acceptance_lengths)  # pinned profiles at other acceptance lengths
     except (ProfileError, AttachError) as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_profiles_key] = found
@@ -256,10 +258,10 @@ def served(request: pytest.FixtureRequest, serve: Pool) -> Served:
 
 def pytest_moeperf_report_sections(config: pytest.Config, measurements: list[Measurement],
                                    verdicts: dict[str, Verdict] | None = None) -> list[Section]:
-    """The draft-candidate table (acceptance length, TPOT, throughput and speedup per profile and concurrency,
-    built from what the spec-decode tests recorded: their context carries ``spec_method``), and the client/server
-    table of every window (`client_server_section`)."""
-    return [*candidate_section(measurements), *client_server_section(measurements, verdicts or {})]
+    """The spec-decode tables (`speculation.spec_sections`: the draft candidates, built from what the spec-decode
+    tests recorded, whose context carries ``spec_method``; the break-even acceptance), and the client/server table
+    of every window (`client_server_section`)."""
+    return [*spec_sections(measurements), *client_server_section(measurements, verdicts or {})]
 
 
 def client_server_section(measurements: list[Measurement], verdicts: dict[str, Verdict]) -> list[Section]:
@@ -294,48 +296,6 @@ def client_server_section(measurements: list[Measurement], verdicts: dict[str, V
             "the first chunk's delivery")
     return [Section("Client and server", ("window", "TPOT client/server", "TTFT client/server", "outside ±3 %"),
                     tuple(rows), note)]
-
-
-def candidate_section(measurements: list[Measurement]) -> list[Section]:
-    """The draft-candidate table of the spec-decode tests."""
-    groups: dict[tuple[str, int], dict[str, Measurement]] = {}
-    methods: dict[tuple[str, int], str] = {}
-    for m in measurements:
-        ctx = m.context
-        if "spec_method" not in ctx or not isinstance(ctx.get("concurrency"), int):
-            continue
-        key = (str(ctx["profile"]), int(ctx["concurrency"]))  # type: ignore[arg-type]
-        groups.setdefault(key, {})[m.name] = m
-        methods[key] = str(ctx["spec_method"])
-    rows = []
-    for key, metrics in groups.items():
-        if "output_throughput" not in metrics:
-            continue
-
-        def median(name: str, metrics: dict[str, Measurement] = metrics) -> float | None:
-            found = metrics.get(name)
-            return None if found is None else percentile(found.samples, 50.0)
-
-        rows.append(
-            CandidateRow(
-                profile=key[0],
-                method=methods[key],
-                concurrency=key[1],
-                tpot_ms=median("engine_tpot_mean_ms") or median("tpot_ms") or 0.0,
-                output_throughput=median("output_throughput") or 0.0,
-                acceptance_length=median("acceptance_length"),
-                acceptance_rate=median("acceptance_rate"),
-                speedup=median("speedup"),
-            )
-        )
-    if not rows:
-        return []
-    columns, table = comparison_table(rows)
-    note = (
-        "TPOT: the engine's mean over the window where the server exports it, else the client's median; "
-        "speedup: median over rounds, by the method named in each test's context (speedup_method)"
-    )
-    return [Section("Speculative decoding: draft candidates", columns, tuple(table), note)]
 
 
 #: what a serving or spec-decode test's round stands for on a server this session launches

@@ -80,6 +80,12 @@ def parse_dirs(text: str) -> tuple[Path, ...]:
     return tuple(Path(p) for line in text.splitlines() for p in line.split(os.pathsep) if p.strip())
 
 
+def _parse_acceptance_lengths(text: str) -> tuple[tuple[int | None, tuple[float, ...]], ...]:
+    from pytest_moeperf.serving.models.acceptance import parse_acceptance_lengths  # the serving wing's syntax
+
+    return parse_acceptance_lengths(text)
+
+
 def _parse_history(text: str) -> str | Path:
     from pytest_moeperf.history.plugin import parse_history_option  # the history wing owns its target syntax
 
@@ -215,6 +221,12 @@ OPTIONS: tuple[Option, ...] = (
            "becomes its metric 'time' in UNIT (s, ms, us, ns; on: s), judged, confirmed, stored and reported like a "
            "perf.record metric (pytest-benchmark's own options and outputs are unchanged); off: left to "
            "pytest-benchmark alone", "UNIT|on|off", parse_benchmark, "s"),
+    Option("acceptance-lengths", "acceptance_lengths", "run every serve profile that pins its speculative "
+           "acceptance (rejection_sample_method synthetic) also at these mean acceptance lengths, each a variant "
+           "<profile>+al<L> with its own server start (the profile file unchanged): L,L,... for every pinned profile, "
+           "or kN=L,L,... for those of N speculative tokens (several groups separated by spaces or ';'); each L in "
+           "[1, N + 1]. Three points of a profile and its reference at a concurrency give the break-even acceptance",
+           "[kN=]L,...", _parse_acceptance_lengths, ()),
     Option("interconnect-emulation", "emulation", "take NVLink (pcie-no-p2p) or also host shared memory "
            "(pcie-socket) away from NCCL in the all-reduce ranks and launched servers, as a labelled stand-in for a "
            "PCIe box without peer-to-peer; baselines are keyed apart (<slug>+NAME)", "NAME|none", parse_emulation,
@@ -272,6 +284,8 @@ class Settings:
     deadline_at: float | None = None  # a child's: the session's deadline as a Unix time (`DEADLINE_ENV`)
     lock_timeout_s: float = 600.0
     benchmark_unit: str = "s"  # "off": pytest-benchmark's results are not adopted (`adoption`)
+    #: ``--moeperf-acceptance-lengths``: (speculative tokens or None for all, lengths) per group
+    acceptance_lengths: tuple[tuple[int | None, tuple[float, ...]], ...] = ()
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in

@@ -11,6 +11,14 @@ servers' decode windows of the same start, same prompts and concurrency: the spe
 and its window instead of starting it again (``speedup_method``: "decode windows of one start"; a start is one
 observation, ``--moeperf-starts``). Thresholds (minimum acceptance length and speedup) live in the candidate's
 profile; the comparison table of candidates is in the reports.
+
+A profile that pins its acceptance (``rejection_sample_method: synthetic``, `serving.models.acceptance`) measures the
+real step costs at that acceptance: each window checks from ``/metrics`` that it measured the pinned length (+-2 %;
+INCONCLUSIVE, with a warning line, where the knob did not take), and every window records the time of a sequence's
+decode step and the tokens a step emits (`serving.speculation`). ``--moeperf-acceptance-lengths`` runs each pinned
+profile at other lengths too (variants ``<profile>+al<L>``); with 3 or more lengths of a profile and its reference in
+one start, ``test_break_even`` fits the acceptance length at which its TPOT equals the reference's
+(``break_even_acceptance_length``, lower is better; `serving.analysis.breakeven`) and the reports tabulate it.
 """
 
 from __future__ import annotations
@@ -20,13 +28,17 @@ from pathlib import Path
 
 import pytest
 
+from pytest_moeperf.serving.analysis.breakeven import AT, MIN_POINTS, NEVER, Point, break_even, fit_tpot
 from pytest_moeperf.serving.analysis.metrics import coalesced, latency_samples, percentile
+from pytest_moeperf.serving.analysis.specdecode import pinned_miss
 from pytest_moeperf.serving.analysis.tails import window_count
 from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
 from pytest_moeperf.serving.load.loadgen import ClosedLoop
 from pytest_moeperf.serving.load.timing import Planned
 from pytest_moeperf.serving.load.warm import warm_count
+from pytest_moeperf.serving.models.acceptance import cpu_pinning_blocker
 from pytest_moeperf.serving.models.profiles import ServeProfile
+from pytest_moeperf.serving.models.variants import OPTION
 from pytest_moeperf.serving.plugin import Pool, profile_params, profiles_for
 from pytest_moeperf.serving.recording import (
     PerfRecorder,
@@ -38,6 +50,7 @@ from pytest_moeperf.serving.recording import (
     record_window_facts,
     sized_workload,
 )
+from pytest_moeperf.serving.speculation import record_break_even, record_pinned, record_steps
 from pytest_moeperf.settings import Settings
 
 # A metric's threshold is the profile's minimum effect or the between-run noise its baseline learned from
@@ -95,6 +108,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         profile_params(
             metafunc, candidates, ["concurrency"], per_concurrency, lengths=lengths, argname="candidate_name"
         )
+    elif name == "test_break_even":  # a pinned profile (not a variant of one) that names its reference
+        pinned = [p for p in profiles if p.pinned_acceptance is not None and p.variant_of is None
+                  and p.reference is not None]
+        profile_params(metafunc, pinned, ["concurrency"], per_concurrency, lengths=lengths, argname="candidate_name")
 
 
 def window_size(profile: ServeProfile, concurrency: int, window_requests: int | None = None, quick: bool = False
@@ -190,12 +207,14 @@ def test_decode(
         "output_throughput", result.window.metrics.output_throughput, unit="tok/s", better="higher",
         tolerance=tol.throughput,
     )  # fmt: skip
+    record_steps(perf, result, tol)  # a sequence's decode step (engine TPOT x tokens a step emits), tokens per step
     if served.profile.speculative is None:
         assert result.acceptance is None, f"{served.base_url} reports spec-decode drafts without a speculative config"
         return
     stats = result.acceptance
     assert stats is not None, f"{served.profile.name}: no spec-decode drafts were counted over the window"
     record_acceptance(perf, stats, tol)
+    record_pinned(perf, served.profile, stats)  # a pinned profile: the window measured the pinned length, or says not
     for pos, rate in enumerate(stats.per_position):
         perf.record(f"acceptance_rate_pos{pos}", rate, unit="ratio", better="higher", tolerance=tol.acceptance)
     floor = served.profile.thresholds.min_acceptance_length
@@ -243,3 +262,55 @@ def test_speedup(
             f"(TPOT {tpot_ms(windows[reference]):.3g} ms without, {tpot_ms(windows[candidate.name]):.3g} ms with) "
             f"< required {floor:.2f}x against {reference}"
         )
+
+
+def test_break_even(
+    candidate_name: str,
+    concurrency: int,
+    perf: PerfRecorder,
+    serve_profiles: dict[str, ServeProfile],
+    decode_windows: dict[tuple[str, int], SpecWindow],
+    moeperf_settings: Settings,
+) -> None:
+    """The acceptance length at which the pinned profile's TPOT equals its reference's at this concurrency, fitted
+    (TPOT(L) = a / L + b) on its decode windows of this start at 3 or more pinned lengths (the profile and its
+    ``--moeperf-acceptance-lengths`` variants) against the reference's window of the same start. It measures nothing
+    itself: without those windows it skips, naming what is missing. A window whose pinned acceptance did not take, or
+    whose server compiled kernels during it, is no point."""
+    profile = serve_profiles[candidate_name]
+    reference = str(profile.reference)
+    blocker = cpu_pinning_blocker(profile.name, profile.speculative, profile.device)
+    if blocker is not None:
+        pytest.skip(f"no break-even: {blocker}")
+    points: list[Point] = []
+    left_out: list[str] = []
+    for member in [profile, *(p for p in serve_profiles.values() if p.variant_of == profile.name)]:
+        window = decode_windows.get((member.name, concurrency))
+        miss = None if window is None or window.acceptance is None else pinned_miss(
+            float(member.pinned_acceptance or 0.0), member.speculative_tokens, window.acceptance)
+        if window is None or window.acceptance is None:
+            left_out.append(f"{member.name} (no decode window with drafts in this start)")
+        elif miss is not None or window.compiles.count:
+            left_out.append(f"{member.name} ({'the pinned acceptance did not take' if miss else 'compiled kernels'})")
+        else:
+            points.append(Point(window.acceptance.mean_acceptance_length, tpot_ms(window)))
+    base = decode_windows.get((reference, concurrency))
+    if len(points) < MIN_POINTS or base is None:
+        need = [f"{MIN_POINTS} acceptance points, has {len(points)}"] if len(points) < MIN_POINTS else []
+        need += [f"the reference {reference}'s window at c={concurrency}"] if base is None else []
+        k = profile.speculative_tokens
+        pytest.skip(f"break-even of {profile.name} at c={concurrency} needs {' and '.join(need)} in this start"
+                    f"{'; left out: ' + ', '.join(left_out) if left_out else ''}: run it at more acceptance lengths "
+                    f"({OPTION} k{k}=L,L with L in [1, {k + 1}] other than {profile.pinned_acceptance:g}) with its "
+                    "reference selected")
+    found = break_even(fit_tpot(points), tpot_ms(base))
+    describe(perf, profile, concurrency, moeperf_settings.window_requests)
+    perf.context(reference=reference, left_out="; ".join(left_out) or None)
+    if base.compiles.count:
+        perf.inconclusive(f"the server logged kernel compiles during the decode window of {reference}")
+    if found.status == NEVER:
+        pytest.fail(f"{profile.name} at concurrency {concurrency} cannot break even: {found.reason}", pytrace=False)
+    if found.status != AT:
+        pytest.skip(f"no break-even of {profile.name} at c={concurrency}: {found.reason}")
+    record_break_even(perf, profile, found, points)
+

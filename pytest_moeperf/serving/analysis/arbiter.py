@@ -22,6 +22,10 @@ scrape after the client saw a completion counts it):
 * the finished requests (``vllm:e2e_request_latency_seconds_count``) and output tokens
   (``vllm:generation_tokens_total``) the server counted in the window: the client's throughput counts the same
   tokens (the ``usage`` of each answer) over its own wall time, so the counts must agree.
+* the engine steps in the window (``vllm:iteration_tokens_total_count``: its histogram of tokens per engine step
+  observes once per step that returned outputs, ``AsyncLLM``'s output handler): the output tokens over them are the
+  tokens a step emits across the batch. vLLM exports no time per step; `pytest_moeperf.serving.speculation` derives
+  a sequence's decode step from the engine's TPOT and the tokens a step emits per sequence.
 
 Anything else reaching the server between the scrapes (attach mode: other traffic) is counted too.
 """
@@ -45,6 +49,7 @@ ENGINE_HISTOGRAMS: dict[str, tuple[str, ...]] = {
 }
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 FINISHED = "vllm:e2e_request_latency_seconds_count"
+ITERATIONS = "vllm:iteration_tokens_total_count"
 #: the metric names of `EngineFigures.metrics`
 ENGINE_METRICS = tuple(ENGINE_HISTOGRAMS)
 
@@ -60,6 +65,7 @@ class EngineFigures:
     queue_ms: float | None = None
     requests: int | None = None
     output_tokens: int | None = None
+    steps: int | None = None  # engine steps that returned outputs
 
     def metrics(self) -> dict[str, float]:
         """The figures by metric name (``engine_*``), leaving out what the server did not give."""
@@ -85,4 +91,5 @@ def engine_figures(before: Scrape, after: Scrape) -> EngineFigures:
     ttft, tpot, itl, e2el, queue = (_mean_ms(before, after, names) for names in ENGINE_HISTOGRAMS.values())
     return EngineFigures(ttft_ms=ttft, tpot_ms=tpot, itl_ms=itl, e2el_ms=e2el, queue_ms=queue,
                          requests=_delta(before, after, FINISHED),
-                         output_tokens=_delta(before, after, GENERATION_TOKENS))
+                         output_tokens=_delta(before, after, GENERATION_TOKENS),
+                         steps=_delta(before, after, ITERATIONS))

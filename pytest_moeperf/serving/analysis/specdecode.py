@@ -3,7 +3,8 @@
 Over a window (counter deltas between two scrapes of ``/metrics``): acceptance rate = accepted / draft tokens;
 mean acceptance length = 1 + accepted / drafts (tokens emitted per target forward pass); per-position
 acceptance = accepted at position i / drafts. Speedup = TPOT without speculation / TPOT with it, for the same
-model, build and workload.
+model, build and workload. A profile that pins its acceptance (`pytest_moeperf.serving.models.acceptance`) must
+measure it: `pinned_miss` says when a window's acceptance length is not the pinned one (the knob did not take).
 """
 
 from __future__ import annotations
@@ -19,8 +20,15 @@ __all__ = [
     "SpecDecodeCounters",
     "acceptance",
     "comparison_table",
+    "pinned_miss",
     "speedup",
 ]
+
+#: how far a window's mean acceptance length may be from the one its profile pins, relative. vLLM draws each accept
+#: decision, so a window's own spread is binomial: at 2.88 with k = 3 (rates 1, 0.88, 0) a draft accepts 1.88 +- 0.32
+#: tokens, so the ~500 drafts of a GPU c=1 window give +- 0.5 % (1 sigma); on 1x H200 (vLLM 0.26) 2.88 read
+#: 2.876-2.902 and 1.83 read 1.827-1.830 over 1.4k-11k drafts (../shared/FACTS.md)
+PINNED_TOLERANCE = 0.02
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -94,6 +102,23 @@ def acceptance(before: SpecDecodeCounters, after: SpecDecodeCounters) -> Accepta
         mean_acceptance_length=1.0 + d.accepted / d.drafts,
         per_position=tuple(a / d.drafts for a in d.accepted_per_pos),
     )
+
+
+def pinned_miss(pinned: float, tokens: int, stats: AcceptanceStats, tolerance: float = PINNED_TOLERANCE) -> str | None:
+    """Why the window's acceptance length from ``/metrics`` is not the ``pinned`` one of a ``tokens``-token drafter
+    (None: it is, within ``tolerance``). Every draft of k tokens expects exactly the pinned length; a drafter that
+    proposed fewer (n-gram, near the end of its match) expects less, down to 1 + (mean draft / k) (pinned - 1) (the
+    pinned rates do not increase with the position, so the first m positions hold at least m / k of them)."""
+    mean_draft = stats.draft_tokens / stats.drafts if stats.drafts else 0.0
+    low = 1.0 + min(1.0, mean_draft / tokens) * (pinned - 1.0) if tokens > 0 else pinned
+    measured = stats.mean_acceptance_length
+    if low * (1.0 - tolerance) <= measured <= pinned * (1.0 + tolerance):
+        return None
+    expected = f"{pinned:g}" if low >= pinned - 1e-9 else (
+        f"{low:.3f} to {pinned:g} (drafts of {mean_draft:.2f} tokens on average, of {tokens})")
+    return (f"the pinned acceptance did not take: the window measured an acceptance length of {measured:.3f} from "
+            f"/metrics over {stats.drafts:.0f} drafts, where its profile pins {pinned:g} (expected {expected}, "
+            f"+-{tolerance:.0%}): this window measured another acceptance, not the pinned one")
 
 
 def speedup(tpot_without_ms: float, tpot_with_ms: float) -> float:

