@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.serving.models.kimirank import KimiRankSpec, ensure_kimi_rank_model
+from pytest_moeperf.serving.models.headdir import ensure_head_dir
+from pytest_moeperf.serving.models.kimirank import TEXT_CONFIG, KimiRankSpec, ensure_kimi_rank_model
 
 __all__ = ["DIFFERENCES", "PUBLISHED", "Eagle3HeadSpec", "ensure_kimi_eagle3_head", "head_for", "per_rank"]
 
@@ -90,14 +88,8 @@ class Eagle3HeadSpec:
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True},
             "first_k_dense_replace": 1,
             "moe_layer_freq": 1,
-            "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 50000.0,
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "tie_word_embeddings": False,
-            "torch_dtype": "bfloat16",
+            **TEXT_CONFIG,
         }
 
     def digest(self) -> str:
@@ -144,22 +136,4 @@ def ensure_kimi_eagle3_head(cache_root: Path, target: KimiRankSpec | None = None
     target = target or KimiRankSpec()
     source = ensure_kimi_rank_model(cache_root, target)
     head = head_for(target)
-    directory = cache_root / f"kimi-eagle3-{target.digest()}-{head.digest()}"
-    if (directory / "config.json").is_file():
-        return directory
-    staging = Path(tempfile.mkdtemp(prefix=".kimi-eagle3-", dir=cache_root))
-    try:
-        for item in source.iterdir():
-            if item.name not in ("config.json", "generation_config.json") and item.is_file():
-                shutil.copy(item, staging / item.name)
-        eos = json.loads((source / "config.json").read_text())["eos_token_id"]
-        config = {**head.config(), "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        try:
-            os.rename(staging, directory)
-        except OSError:
-            if not (directory / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
+    return ensure_head_dir(cache_root / f"kimi-eagle3-{target.digest()}-{head.digest()}", source, head.config())

@@ -28,7 +28,7 @@ from typing import Any
 
 from pytest_moeperf.kernels.models import KIMI_K2_5, ModelSpec, rank_gemms, spec_from_config
 
-__all__ = ["DIFFERENCES", "MTP_QUANT_IGNORE", "QUANT_IGNORE", "KimiRankSpec", "ensure_kimi_rank_model",
+__all__ = ["DIFFERENCES", "MTP_QUANT_IGNORE", "QUANT_IGNORE", "TEXT_CONFIG", "KimiRankSpec", "ensure_kimi_rank_model",
            "kimi_rank_shapes_match", "quantization_config"]
 
 _FORMAT_VERSION = 1
@@ -37,6 +37,10 @@ _SPECIALS = (EOS, "<|system|>", "<|user|>", "<|assistant|>")
 #: what the routed experts' quantization leaves out, in the checkpoint's own regex style
 QUANT_IGNORE = ("lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
                 r"re:.*mlp\.gate$")
+#: the fields of Kimi-K2.5's text config that the generated rank and its drafters share (no YaRN: see DIFFERENCES)
+TEXT_CONFIG: dict[str, Any] = {"hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
+                               "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+                               "torch_dtype": "bfloat16"}
 #: what an MTP layer adds to the ignore list: its input projection (``eh_proj``: embedding and hidden state to hidden)
 #: and its head (``shared_head``: norm and LM head) stay bf16, as DeepSeek-V3's do; its routed experts are INT4 like
 #: the others (served so on 1x H200, vLLM 0.26, 2026-12-05: ../shared/FACTS.md)
@@ -124,14 +128,8 @@ class KimiRankSpec:
             "routed_scaling_factor": 2.827,
             "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "vocab_size": self.vocab_size,
-            "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 50000.0,
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "tie_word_embeddings": False,
-            "torch_dtype": "bfloat16",
+            **TEXT_CONFIG,
             "bos_token_id": 0,
             "eos_token_id": 0,
             "pad_token_id": 0,

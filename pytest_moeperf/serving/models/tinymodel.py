@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_moeperf.serving.models.headdir import ensure_head_dir
+
 __all__ = ["TinyMoeSpec", "ensure_tiny_eagle3", "ensure_tiny_model", "kimi_rank_shaped_spec", "tiny_draft_spec"]
 
 EOS = "<|endoftext|>"
@@ -145,25 +147,7 @@ def ensure_tiny_eagle3(cache_root: Path, target: TinyMoeSpec | None = None) -> P
     source = ensure_tiny_model(cache_root, target)
     config = eagle3_config(target)
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-    head = cache_root / f"tiny-eagle3-{target.digest()}-{digest}"
-    if (head / "config.json").is_file():
-        return head
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-eagle3-", dir=cache_root))
-    try:
-        for item in source.iterdir():
-            if item.name not in ("config.json", "generation_config.json") and item.is_file():
-                shutil.copy(item, staging / item.name)
-        eos = json.loads((source / "config.json").read_text())["eos_token_id"]
-        config.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        try:
-            os.rename(staging, head)
-        except OSError:
-            if not (head / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return head
+    return ensure_head_dir(cache_root / f"tiny-eagle3-{target.digest()}-{digest}", source, config)
 
 
 def ensure_tiny_model(cache_root: Path, spec: TinyMoeSpec | None = None) -> Path:
