@@ -296,13 +296,12 @@ def test_break_even(
             points.append(Point(window.acceptance.mean_acceptance_length, tpot_ms(window)))
     base = decode_windows.get((reference, concurrency))
     if len(points) < MIN_POINTS or base is None:
-        need = [f"{MIN_POINTS} acceptance points, has {len(points)}"] if len(points) < MIN_POINTS else []
-        need += [f"the reference {reference}'s window at c={concurrency}"] if base is None else []
         k = profile.speculative_tokens
+        need = [f"{MIN_POINTS} acceptance points, has {len(points)} (more lengths: {OPTION} k{k}=L,L with L in "
+                f"[1, {k + 1}] other than {profile.pinned_acceptance:g})"] if len(points) < MIN_POINTS else []
+        need += [f"the reference {reference}'s window at c={concurrency} (select its tests)"] if base is None else []
         pytest.skip(f"break-even of {profile.name} at c={concurrency} needs {' and '.join(need)} in this start"
-                    f"{'; left out: ' + ', '.join(left_out) if left_out else ''}: run it at more acceptance lengths "
-                    f"({OPTION} k{k}=L,L with L in [1, {k + 1}] other than {profile.pinned_acceptance:g}) with its "
-                    "reference selected")
+                    f"{'; left out: ' + ', '.join(left_out) if left_out else ''}")
     found = break_even(fit_tpot(points), tpot_ms(base))
     describe(perf, profile, concurrency, moeperf_settings.window_requests)
     perf.context(reference=reference, left_out="; ".join(left_out) or None)

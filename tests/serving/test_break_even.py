@@ -120,7 +120,8 @@ def window(length, tpot):
 def pinned_windows(request, decode_windows):
     profiles = request.getfixturevalue("serve_profiles")
     for c, (a, b, nospec) in MODEL.items():
-        decode_windows[("ref", c)] = window(None, nospec)
+        if os.environ.get("CASE") != "noref":
+            decode_windows[("ref", c)] = window(None, nospec)
         for name, profile in profiles.items():
             if profile.pinned_acceptance is not None:
                 decode_windows[(name, c)] = window(profile.pinned_acceptance, a / profile.pinned_acceptance + b)
@@ -161,8 +162,12 @@ def test_the_suite_records_the_break_even_and_tabulates_it(pytester: pytest.Pyte
 
     again = run_moeperf(*args)  # the profile alone: one point
     again.assert_outcomes(skipped=2)
-    again.stdout.fnmatch_lines(["*break-even of my-mtp-k3 at c=1 needs 3 acceptance points, has 1 in this start*"])
-    assert "--moeperf-acceptance-lengths k3=L,L with L in [1, 4] other than 2.88" in again.stdout.str()
+    again.stdout.fnmatch_lines(["*break-even of my-mtp-k3 at c=1 needs 3 acceptance points, has 1 (more lengths:*"])
+    assert "--moeperf-acceptance-lengths k3=L,L with L in [1, 4] other than 2.88) in this start" in again.stdout.str()
+    monkeypatch.setenv("CASE", "noref")  # the points, but no reference window
+    alone = run_moeperf(*args, "--moeperf-acceptance-lengths", "k3=1.5,2.2")
+    alone.assert_outcomes(skipped=2)
+    alone.stdout.fnmatch_lines(["*at c=1 needs the reference ref's window at c=1 (select its tests) in this start*"])
 
     monkeypatch.setenv("CASE", "never")
     never = run_moeperf(*args, "--moeperf-acceptance-lengths", "k3=1.5,2.2")
