@@ -24,13 +24,17 @@
 #            server and the client x1.05 (TPOT, ITL, output throughput: moeperf_inject) and the plan of starts x
 #            windows the stored levels give (--moeperf-starts/--moeperf-windows auto); TTFT, E2EL and the request
 #            throughput are left alone, the run's own A/A; PHASE=aa judges as it is
+#   spec     speculative decoding on the rank at a pinned acceptance (docs/specdecode.md): the reference
+#            (gpu-kimi-rank-tp1-nospec) and DRAFTER (mtp-k3) at its own length and at LENGTHS (k3=1.5,2.2), c=1 and
+#            c=16 decode windows (--moeperf-quick), the speed-ups and the break-even acceptance, one start of them
+#            all (servers one at a time), stored in $SBL (default .moeperf/spec-baselines)
 #
 # Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7), BL (the baselines
 # record and judge use, default .moeperf/lease-baselines: a copy of baselines/ made by the first step that needs it,
 # git-ignored, so it lasts between the calls of one lease; the tracked baselines/ is sent afresh with every call).
 # The lease's steps are chained within ~30 s of each other (the machine goes back when idle), so each is one line.
 set -uo pipefail
-STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi|gate|levels}
+STEP=${1:?usage: h200_lease.sh install|record|judge|ab|kimi|gate|levels|spec}
 OUT=${OUT:?set OUT}; LIMIT=${LIMIT:-560}
 ROOT=$PWD
 export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -54,7 +58,7 @@ install)
     sha256sum -c vllm.sha256 || { echo "PARTS MISSING OR BAD"; ls -l /tmp/vp; exit 3; }
   rm -rf w /tmp/site && mkdir w && tar xf vllm.tar -C w && rm vllm.tar
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site w/*.whl \
-    "$ROOT"/.whl/*.whl || exit 4
+    $(ls "$ROOT"/.whl/*.whl 2>/dev/null) || exit 4
   cd "$ROOT"
   t0=$SECONDS; python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1; echo "bytecode: $((SECONDS - t0)) s"
   facts
@@ -116,6 +120,19 @@ levels)
   echo "batch exit $?"
   grep -h "plan from\|are the unit\|not planned\|cut to" "$W"/batch/serving.log 2>/dev/null | head -8
   pack "${LBL#/}"
+  ;;
+spec)
+  facts
+  SBL=${SBL:-$ROOT/.moeperf/spec-baselines}
+  python3 tests/benchmarks/rank_spec_configs.py > "$W/configs.txt" 2>&1; echo "configs: exit $?"; tail -3 "$W/configs.txt"
+  args=(serving --serving-k "gpu-kimi-rank-tp1 and (test_decode or test_speedup or test_break_even) and (nospec or ${DRAFTER:-mtp-k3})"
+        --deadline "$((LIMIT - 25))" --grace 40 --baselines "$SBL" --out "$W/batch" --update --no-aa)
+  export PYTEST_ADDOPTS="--moeperf-quick --moeperf-starts 1 --moeperf-acceptance-lengths ${LENGTHS:-k3=1.5,2.2}${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+  echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS" | tee -a "$W/facts.txt"
+  timeout -s INT -k 20 "$LIMIT" python3 -m pytest_moeperf.cli batch "${args[@]}"
+  echo "batch exit $?"
+  grep -h "break_even\|acceptance_length\|speedup" "$W"/batch/serving.log 2>/dev/null | cut -c1-220 | head -30
+  pack "${SBL#/}"
   ;;
 kimi)
   OUT=$W DEADLINE=$((LIMIT - 20)) bash scripts/gpu-kimi-rank.sh
