@@ -4,11 +4,13 @@ render every page, and put the site at ``--out`` whole or not at all.
 Everything is read and checked before anything is written; the site is written into a fresh folder beside ``--out``
 and renamed into place, replacing an earlier dashboard only (a folder holding `render.MANIFEST`) or an empty folder;
 what an earlier dashboard holds that its build did not write (its manifest lists the files) is copied into the new
-one and named. An ``--out`` that is a symlink stays one, and the site goes where it points.
+one and named. An ``--out`` that is a symlink stays one, and the site goes where it points. An ``--out`` that cannot
+be renamed (``.``, a folder above the current one, a mount point) is refilled where it is (`_refill`).
 A failure at any step removes the new folder and leaves ``--out`` as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -25,6 +27,7 @@ from pytest_moeperf.history.store import HistoryError
 from pytest_moeperf.history.targets import redact
 from pytest_moeperf.history.trend import MAX_PVALUE, MIN_MAGNITUDE, Step
 
+_WORK = ".moeperf-dashboard"  # the build's own folders inside an --out refilled in place (`_refill`)
 DEFAULT_SESSIONS = 50  # Otava's own window: one change-point search a series
 DEFAULT_SPARK = 30
 
@@ -101,23 +104,29 @@ def pages(window: Window, series: model.Series, steps: Mapping[tuple[str, int], 
     return files
 
 
-def _entries(site: Path) -> Iterator[tuple[str, Path]]:
-    """Every file, link and other non-folder under ``site`` (links are not followed), by relative path."""
+def _entries(site: Path, skip: Collection[str] = ()) -> Iterator[tuple[str, Path]]:
+    """Every file, link and other non-folder under ``site`` (links are not followed), by relative path; the entries
+    of ``site`` named in ``skip`` are passed over."""
     for folder, dirs, names in os.walk(site):
         base = Path(folder)
+        if base == site:
+            dirs[:] = [d for d in dirs if d not in skip]
+            names = [n for n in names if n not in skip]
         for name in sorted([d for d in dirs if (base / d).is_symlink()] + names):
             yield (base / name).relative_to(site).as_posix(), base / name
 
 
-def carry_over(old: Path, fresh: Path, files: Collection[str]) -> tuple[list[str], list[str]]:
+def carry_over(old: Path, fresh: Path, files: Collection[str], skip: Collection[str] = ()
+               ) -> tuple[list[str], list[str]]:
     """Copy into ``fresh`` what the earlier dashboard ``old`` holds that its build did not write (by its manifest:
     a ``CNAME``, a ``.nojekyll``, a page of one's own); the copies leave ``old`` whole until the rename. Returns the
-    paths kept, and those not kept with why."""
+    paths kept, and those not kept with why. The entries of ``old`` named in ``skip`` (the build's own folders
+    inside it, `_refill`) are not looked at."""
     if not is_dashboard(old):
         return [], []
     ours = render.written((old / render.MANIFEST).read_text(errors="replace"))
     kept, dropped = [], []
-    for name, path in sorted(_entries(old)):
+    for name, path in sorted(_entries(old, skip)):
         if ours(name):
             continue
         if name in files or any(f.startswith(f"{name}/") for f in files):
@@ -136,19 +145,68 @@ def carry_over(old: Path, fresh: Path, files: Collection[str]) -> tuple[list[str
     return kept, dropped
 
 
+def _fill(folder: Path, files: Mapping[str, str | bytes]) -> None:
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+
+def _in_place(out: Path) -> bool:
+    """Whether ``out`` is a folder refilled where it is (`_refill`) rather than replaced by a rename: the current
+    folder (``--out .``, which cannot be renamed: "Device or resource busy") or one above it (renamed, a shell
+    started there would be left in a deleted folder), or a mount point (which cannot be renamed either)."""
+    if not out.is_dir():
+        return False
+    real, here = Path(os.path.realpath(out)), Path(os.path.realpath(os.getcwd()))
+    return real == here or real in here.parents or os.path.ismount(real)
+
+
+def _refill(out: Path, files: Mapping[str, str | bytes]) -> tuple[list[str], list[str]]:
+    """`write_site` into a folder that stays where it is (`_in_place`): the site is written into a fresh folder
+    inside it, then what it held is moved aside into another and the site's entries moved in, a rename each (a few:
+    ``index.html``, ``m/``, ``data/``, ``static/``, the manifest); a failure moves everything back, and nothing of
+    ours is left."""
+    fresh = Path(tempfile.mkdtemp(prefix=f"{_WORK}.building-", dir=out))
+    old = Path(tempfile.mkdtemp(prefix=f"{_WORK}.old-", dir=out))
+    ours = {fresh.name, old.name}
+    moved_aside: list[str] = []
+    moved_in: list[str] = []
+    try:
+        _fill(fresh, files)
+        kept = carry_over(out, fresh, files.keys(), skip=ours)
+        for name in sorted(set(os.listdir(out)) - ours):
+            os.rename(out / name, old / name)
+            moved_aside.append(name)
+        for name in sorted(os.listdir(fresh)):
+            os.rename(fresh / name, out / name)
+            moved_in.append(name)
+    except BaseException:
+        for name in moved_in:
+            os.rename(out / name, fresh / name)
+        for name in moved_aside:
+            os.rename(old / name, out / name)
+        shutil.rmtree(fresh, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            old.rmdir()  # empty again: what it held is back in place
+        raise
+    fresh.rmdir()
+    shutil.rmtree(old, ignore_errors=True)
+    return kept
+
+
 def write_site(out: Path, files: Mapping[str, str | bytes]) -> tuple[list[str], list[str]]:
     """Write ``files`` into a fresh folder beside ``out`` (beside where it points, when it is a symlink), with what an
     earlier dashboard there holds that its build did not write (`carry_over`), then rename it into place (replacing
     what `check_out` allowed); on any failure nothing new is left and ``out`` is as it was. Returns `carry_over`'s
     lists."""
     out = destination(out)
+    if _in_place(out):
+        return _refill(out, files)
     out.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
-        for name, content in files.items():
-            path = fresh / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        _fill(fresh, files)
         kept = carry_over(out, fresh, files.keys()) if out.is_dir() else ([], [])
         os.chmod(fresh, 0o755)  # mkdtemp's 0700 would hide the site from a web server's user
         old = None

@@ -246,6 +246,35 @@ def test_an_out_that_is_a_symlink_gets_the_site_where_it_points(tmp_path: Path,
     assert [p.name for p in (tmp_path / "notes").iterdir()] == ["mine.txt"]
 
 
+def test_out_dot_fills_the_current_folder_where_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out .`` in an empty folder, documented as allowed, failed "Device or resource busy" (the current folder
+    was renamed); it is filled where it is, and so is a rebuild there, keeping a file of one's own (issue 37, item
+    18). The folder is the same one after (a shell started in it is not left in a deleted folder)."""
+    target = str(tmp_path / "h.sqlite")
+    fill(target, sessions=4)
+    site = tmp_path / "www" / "site"
+    site.mkdir(parents=True)
+    monkeypatch.chdir(site)
+    inode = os.stat(".").st_ino
+    for _ in range(2):
+        assert cli.main(["dashboard", "--db", target, "--out", ".", "--jobs", "1"]) == 0
+        assert (site / "index.html").is_file() and os.stat(".").st_ino == inode == site.stat().st_ino
+        assert [p.name for p in site.parent.iterdir()] == ["site"], "nothing left beside it"
+        assert not [p.name for p in site.iterdir() if p.name.startswith(".moeperf-dashboard")], "nor inside it"
+        (site / "CNAME").write_text("perf.example.org\n")
+    assert (site / "CNAME").read_text() == "perf.example.org\n"
+
+
+def test_a_refill_in_place_that_fails_half_way_leaves_the_earlier_site(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_site(Path("."), {"index.html": "old", render.MANIFEST: "{}"})
+    with pytest.raises(OSError):  # "a" is a file, so "a/b" cannot be written
+        write_site(Path("."), {"index.html": "new", "a": "x", "a/b": "y"})
+    assert (tmp_path / "index.html").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", render.MANIFEST]
+
+
 def test_a_write_that_fails_half_way_leaves_the_earlier_site(tmp_path: Path) -> None:
     out = tmp_path / "site"
     write_site(out, {"index.html": "old", render.MANIFEST: "{}"})
