@@ -34,7 +34,7 @@ from pytest_moeperf.machine import probe
 from pytest_moeperf.machine.provenance import git_commit_info, perf_environment
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
-from pytest_moeperf.settings import Settings
+from pytest_moeperf.settings import Settings, configfile
 from pytest_moeperf.store import files
 from pytest_moeperf.store.baselines import BaselineStore
 from pytest_moeperf.store.entries import BaselineError
@@ -57,7 +57,7 @@ class Conclusion:
         self.topology = topology
         self.fingerprint = topology.fingerprint
         self.host = settings.host_id or self.fingerprint.host or None
-        self.commit = git_commit_info(Path(config.rootpath))
+        self.commit = git_commit_info(configfile.rootpath(config))
         self.store = BaselineStore(settings.baselines_dir, self.fingerprint.slug, self.host)
         self.noise = HistoryNoise(settings.history, settings.baselines_dir, self.fingerprint.hash,
                                   settings.noise_runs, self.host, self.commit.get("branch"))
@@ -71,6 +71,11 @@ class Conclusion:
         self.updated = 0  # metrics written to the baselines
         self.started = _now()
         self.placement_note: str | None = None  # what the header says about xdist workers on shared cores
+        moved = configfile.problem(config)  # pytest's rootdir or ini file is not the one the command line meant
+        if moved is not None and moved[1]:
+            self.ledger.warn(moved[0])
+        elif moved is not None:
+            self.ledger.notes.append(moved[0])
 
     @functools.cached_property
     def ids(self) -> TestIds:

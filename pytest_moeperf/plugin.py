@@ -32,6 +32,7 @@ from pytest_moeperf.runtime import (
     started_key,
 )
 from pytest_moeperf.session import MoePerfSession
+from pytest_moeperf.settings import configfile
 
 #: Modules whose fixtures and hooks belong to the plugin (registered when importable).
 PLUGIN_MODULES = (
@@ -51,6 +52,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspec)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
+    """Our first hook after pytest found its rootdir and configuration file without knowing our options: the ones
+    the command line meant, when a value written after a space moved them (`settings.configfile`)."""
+    configfile.detect(early_config, parser)
 
 
 def _register_wings(config: pytest.Config) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf.settings import configfile
 from pytest_moeperf.settings.checks import (
     at_least,
     http_url,
@@ -344,9 +345,10 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 def resolve(config: pytest.Config) -> Settings:
-    """CLI value, else ini value (parsed, errors name the ini key), else the default; paths against rootdir."""
+    """CLI value, else ini value (parsed, errors name the ini key), else the default; paths from the ini file (or
+    the default) against its directory, else the rootdir: the ones the command line meant (`configfile`)."""
     values: dict[str, Any] = {}
-    ini_dir = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    ini_dir = configfile.ini_dir(config)
     for option in OPTIONS:
         value = config.getoption(option.ini)
         if option.repeat and value is not None:
@@ -354,7 +356,7 @@ def resolve(config: pytest.Config) -> Settings:
         base = Path.cwd()  # a path given on the command line is relative to where pytest was started
         if value is None:
             base = ini_dir  # a path from the ini file (or the default) is relative to the ini file
-            raw = config.getini(option.ini)
+            raw = configfile.ini_value(config, option.ini, flag=option.metavar is None)
             if isinstance(raw, bool):
                 value = raw
             elif raw in (None, ""):
