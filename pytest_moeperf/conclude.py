@@ -136,10 +136,10 @@ class Conclusion:
                                  f"{self.fingerprint.hash}")
         if not self.ledger.records or self.settings.update:
             return
-        if not root.is_dir():
+        if not os.path.lexists(root):  # something else standing there failed the tests that need it, naming it
             self.ledger.warn(f"baselines directory {root} does not exist: every metric is NEW "
                              "(--moeperf-baselines names it; --moeperf-update records one)")
-        elif not any(self.store.directory.glob("*.json")) and self.store.other_slugs():
+        elif root.is_dir() and not any(self.store.directory.glob("*.json")) and self.store.other_slugs():
             self.ledger.warn(f"no baselines for this machine's fingerprint {self.fingerprint.slug} in {root}, which "
                              f"holds {', '.join(self.store.other_slugs())}: every metric is NEW. A changed fingerprint "
                              "(fewer CPUs through taskset or affinity, a GPU missing or added, another GPU model) "

@@ -15,8 +15,9 @@ replaced in one transaction (`files.commit`). Non-finite numbers are refused on 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,10 @@ from typing import Any
 from pytest_moeperf.judging import stats
 from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD
 from pytest_moeperf.ledger import Measurement, suite_of
-from pytest_moeperf.store import files
-from pytest_moeperf.store.entries import BaselineEntry, BaselineError
+from pytest_moeperf.store import files, jsontext
+from pytest_moeperf.store.entries import BaselineEntry, BaselineError, checked
 
-__all__ = ["SCHEMA", "BaselineError", "BaselineFile", "BaselineStore", "dump", "parse", "read_file"]
+__all__ = ["SCHEMA", "BaselineError", "BaselineFile", "BaselineStore", "StoredEntries", "dump", "parse", "read_file"]
 
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
@@ -35,16 +36,103 @@ DEFAULT_KEEP_RUNS = 15  # three sittings of 5 rounds
 MIN_FAMILY_CASES = 3  # cases of a family with a spread on this host before their median spread stands in
 
 
+#: what a file's scan keeps of each metric (`jsontext.loads_spans`): its test id and name, or why it is unusable
+Kept = tuple[str, str] | BaselineError
+
+
+def _kept(where: str) -> Callable[[str, Any], Kept]:
+    def keep(key: str, value: Any) -> Kept:
+        try:
+            checked(key, value, where)
+        except BaselineError as exc:
+            return exc  # raised once the document is known to be a readable baseline (`parse`)
+        return str(value["test"]), str(value["name"])
+    return keep
+
+
+class StoredEntries(Mapping[str, BaselineEntry]):
+    """The metrics of one baseline file, every one checked when the file is read (`entries.checked`: one corrupt
+    metric makes the whole file unusable) and made a `BaselineEntry` when first used; looked up by test and by family
+    through an index made once. Read from a file, only the file's text and where each metric lies in it are kept
+    (`jsontext.loads_spans`): a metric is decoded again when used, and one an update does not touch is written back
+    as that text (`text_of`). A document already decoded (a git revision) keeps its objects."""
+
+    def __init__(self, where: str, raw: Mapping[str, Any] | None = None, text: str | None = None,
+                 spans: Mapping[str, tuple[int, int, Kept]] | None = None, verbatim: bool = True) -> None:
+        self._where, self._raw, self._text, self._verbatim = where, raw, text, verbatim
+        self._spans = spans or {}
+        self._made: dict[str, BaselineEntry] = {}
+        self._shared: dict[Any, dict[str, Any]] = {}  # provenances, one object each (`BaselineEntry.from_json`)
+        self._index: tuple[dict[str, list[str]], dict[tuple[str, str], list[str]]] | None = None
+        kept = ((key, _kept(where)(key, value)) for key, value in raw.items()) if raw is not None else (
+            (key, span[2]) for key, span in self._spans.items())
+        self._meta: dict[str, tuple[str, str]] = {}
+        for key, found in kept:
+            if isinstance(found, BaselineError):
+                raise found
+            self._meta[key] = found
+
+    def _json(self, key: str) -> Any:
+        if self._raw is not None:
+            return self._raw[key]
+        assert self._text is not None
+        return jsontext.decode_at(self._text, self._spans[key][0])
+
+    def __getitem__(self, key: str) -> BaselineEntry:
+        if key not in self._made:
+            self._made[key] = BaselineEntry.from_json(key, self._json(key), self._where, self._shared)
+        return self._made[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._meta)
+
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._meta
+
+    def _indexed(self) -> tuple[dict[str, list[str]], dict[tuple[str, str], list[str]]]:
+        """The keys by test id, and by family (test file, metric name)."""
+        if self._index is None:
+            by_test: dict[str, list[str]] = {}
+            by_family: dict[tuple[str, str], list[str]] = {}
+            for key, (test, name) in self._meta.items():
+                by_test.setdefault(test, []).append(key)
+                by_family.setdefault((test.split("::", 1)[0], name), []).append(key)
+            self._index = by_test, by_family
+        return self._index
+
+    def of_test(self, test_id: str) -> list[BaselineEntry]:
+        """The stored metrics of one test."""
+        return [self[key] for key in self._indexed()[0].get(test_id, ())]
+
+    def of_family(self, test_file: str, name: str) -> list[BaselineEntry]:
+        """The stored metrics named ``name`` of the tests of one test file."""
+        return [self[key] for key in self._indexed()[1].get((test_file, name), ())]
+
+    def text_of(self, key: str) -> str | None:
+        """A metric's text as read, to be written back as it was (None: not kept, or of a file of schema 1, whose
+        metrics are rewritten with their run)."""
+        if self._text is None or not self._verbatim:
+            return None
+        start, end, _ = self._spans[key]
+        return self._text[start:end]
+
+
 @dataclass(frozen=True)
 class BaselineFile:
     path: Path
     fingerprint: Mapping[str, Any]
-    entries: Mapping[str, BaselineEntry]
+    entries: StoredEntries
     hosts: Mapping[str, Any]
+    version: files.Version | None = None  # of the file it was read from (`files.version`)
 
 
-def parse(data: Any, where: str) -> BaselineFile:
-    """A parsed baseline document (from a file or a git revision); `BaselineError` names ``where``."""
+def parse(data: Any, where: str, text: str | None = None,
+          spans: Mapping[str, tuple[int, int, Kept]] | None = None) -> BaselineFile:
+    """A baseline document (decoded from a git revision; or read from a file: its ``text`` and the ``spans`` of its
+    metrics, `jsontext.loads_spans`); `BaselineError` names ``where``."""
     if not isinstance(data, dict) or "metrics" not in data:
         raise BaselineError(f"baseline file {where} is not a moeperf baseline (no 'metrics'); left untouched")
     if data.get("schema") not in READABLE_SCHEMAS:
@@ -54,26 +142,82 @@ def parse(data: Any, where: str) -> BaselineFile:
     for name, value in (("metrics", metrics), ("fingerprint", fingerprint), ("hosts", hosts)):
         if not isinstance(value, dict):
             raise BaselineError(f"baseline file {where}: {name!r} must be an object; left untouched")
-    entries = {key: BaselineEntry.from_json(key, value, where) for key, value in metrics.items()}
+    # schema 1 kept no runs: an update rewrites its metrics (with their run) rather than copying them
+    entries = (StoredEntries(where, raw=metrics) if text is None
+               else StoredEntries(where, text=text, spans=spans, verbatim=data["schema"] == SCHEMA))
     return BaselineFile(path=Path(where), fingerprint=dict(fingerprint), entries=entries, hosts=dict(hosts))
 
 
 def read_file(path: Path) -> BaselineFile:
-    """Parse one baseline file; `BaselineError` (naming the file) when it is unreadable."""
+    """Read one baseline file (`StoredEntries`); `BaselineError` (naming the file) when it is unusable."""
     try:
-        data = files.read_json_object(path, "baseline file")
+        text, version = files.read_versioned(path, "baseline file")
+        with files.json_errors(f"baseline file {path}"):
+            data, spans = jsontext.loads_spans(text, "metrics", _kept(str(path)))
     except files.FileFormatError as exc:
         raise BaselineError(f"{exc}; fix or delete it (it was left untouched)") from None
-    return parse(data, str(path))
+    return dataclasses.replace(parse(data, str(path), text, spans), version=version)
+
+
+def present(root: Path, path: Path) -> bool:
+    """Whether the baseline file ``path`` of the tree ``root`` exists (False: it, or its fingerprint's folder, is not
+    there yet); `BaselineError` naming the path when something stands there that is not one (`files.present`)."""
+    try:
+        return files.present(root, path, "baselines")
+    except files.FileFormatError as exc:
+        raise BaselineError(f"{exc}: the baselines there cannot be read; fix or remove it (it was left untouched)"
+                            ) from None
+
+
+def _placed(text: str, level: int) -> str:
+    """JSON text made at the top level by ``json.dumps(indent=2)``, placed at nesting ``level``."""
+    return text.replace("\n", "\n" + "  " * level)  # a JSON string holds no raw newline
+
+
+def _pretty(value: Any, level: int) -> str:
+    return _placed(json.dumps(value, indent=2, sort_keys=True), level)
+
+
+def _document(fingerprint: Mapping[str, Any], hosts: Mapping[str, Any] | None,
+              metrics: Iterable[tuple[str, str]]) -> Iterator[str]:
+    """A baseline file's text in pieces: ``json.dumps(document, indent=2, sort_keys=True)`` byte for byte, given the
+    text of each metric at its level (in key order)."""
+    members = {"schema": json.dumps(SCHEMA), "fingerprint": _pretty(dict(fingerprint), 1), "metrics": ""}
+    if hosts:
+        members["hosts"] = _pretty(dict(hosts), 1)
+    yield "{"
+    for i, name in enumerate(sorted(members)):
+        yield f"{',' if i else ''}\n  {json.dumps(name)}: {members[name]}"
+        if name == "metrics":
+            empty = True
+            for key, text in metrics:
+                yield f"{'{' if empty else ','}\n    {json.dumps(key)}: "
+                yield text
+                empty = False
+            yield "{}" if empty else "\n  }"
+    yield "\n}\n"
 
 
 def dump(fingerprint: Mapping[str, Any], entries: Mapping[str, BaselineEntry],
          hosts: Mapping[str, Any] | None = None) -> str:
-    doc: dict[str, Any] = {"schema": SCHEMA, "fingerprint": dict(fingerprint),
-                           "metrics": {key: entries[key].to_json() for key in sorted(entries)}}
-    if hosts:
-        doc["hosts"] = dict(hosts)
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    """A baseline file's text: ``json.dumps(document, indent=2, sort_keys=True)``."""
+    metrics = ((key, _pretty(entries[key].to_json(), 2)) for key in sorted(entries))
+    return "".join(_document(fingerprint, hosts, metrics))
+
+
+def update_text(fingerprint: Mapping[str, Any], hosts: Mapping[str, Any], stored: StoredEntries | None,
+             changed: Mapping[str, BaselineEntry]) -> Iterator[str]:
+    """A file's text after an update (`_document`, in pieces): the ``changed`` metrics encoded here, before the first
+    piece (a bad value stops the update before anything is written); the others written as they were read."""
+    texts = {key: _pretty(entry.to_json(), 2) for key, entry in changed.items()}
+    keys = sorted(set(stored or ()) | set(texts))
+
+    def text(key: str) -> str:
+        if key in texts:
+            return texts[key]
+        assert stored is not None
+        return stored.text_of(key) or _pretty(stored[key].to_json(), 2)
+    return _document(fingerprint, hosts, ((key, text(key)) for key in keys))
 
 
 class BaselineStore:
@@ -96,13 +240,22 @@ class BaselineStore:
         if suite not in self._files:
             path = self.path(suite)
             try:
-                self._files[suite] = read_file(path) if path.exists() else None
+                self._files[suite] = read_file(path) if present(self.root, path) else None
             except BaselineError as exc:
                 self._files[suite] = exc
         cached = self._files[suite]
         if isinstance(cached, BaselineError):
             raise cached
         return cached
+
+    def _current(self, suite: str) -> BaselineFile | None:
+        """A suite's file as it is now (under the lock: what another session wrote while we measured): the one read
+        before when the file was not replaced or changed since."""
+        path = self.path(suite)
+        cached = self._files.get(suite)
+        if isinstance(cached, BaselineFile) and cached.version is not None and cached.version == files.version(path):
+            return cached
+        return read_file(path) if present(self.root, path) else None
 
     def entry(self, key: str) -> BaselineEntry | None:
         found = self.file(suite_of(key.rsplit("::", 1)[0]))
@@ -111,7 +264,7 @@ class BaselineStore:
     def entries_of(self, test_id: str) -> list[BaselineEntry]:
         """The stored metrics of one test (raises `BaselineError` for an unusable file)."""
         found = self.file(suite_of(test_id))
-        return [e for e in found.entries.values() if e.test_id == test_id] if found else []
+        return found.entries.of_test(test_id) if found else []
 
     def family_spread(self, key: str) -> tuple[float, str] | None:
         """For a metric with fewer than 3 runs on this host: the median relative spread of the other cases of its
@@ -122,8 +275,8 @@ class BaselineStore:
         found = self.file(suite_of(test_id))
         family = test_id.split("::", 1)[0]
         spreads = []
-        for entry in (found.entries.values() if found else ()):
-            if entry.name != name or entry.key == key or entry.test_id.split("::", 1)[0] != family:
+        for entry in (found.entries.of_family(family, name) if found else ()):
+            if entry.key == key:
                 continue
             mine = [r.median for r in entry.all_runs if r.host == self.host]
             spread = stats.relative_spread(mine) if len(mine) >= MIN_RUNS_FOR_SPREAD else None
@@ -165,29 +318,33 @@ class BaselineStore:
         """Merge the given measurements into their suites' files; other metrics are kept as they are. Each
         measurement adds one run to its metric (a key given N times adds N runs: one per round).
 
-        Under the directory's lock, every file is re-read and every text prepared first, so a corrupt file (or a
-        bad value) stops the update before anything is written; then all files are replaced in one transaction.
+        Under the directory's lock, every file is re-read (unless it is the version read before: `_current`) and
+        every text prepared first, so a corrupt file (or a bad value) stops the update before anything is written;
+        then all files are replaced in one transaction. The metrics not measured are written back as they were read
+        (`StoredEntries.text_of`).
         Waiting for the lock, ``progress`` lines name its holder; after ``lock_timeout`` s `files.LockTimeout`."""
         by_suite: dict[str, list[Measurement]] = {}
         for m in measurements:
             by_suite.setdefault(m.suite, []).append(m)
         if not by_suite:
             return []
+        for suite in by_suite:  # a link to nothing in the way: named before the lock creates anything
+            present(self.root, self.path(suite))
         # the tree's lock: a merge (`trees.merge_trees`) takes the same
         with files.locked(self.root, lock_timeout, progress, "--moeperf-lock-timeout"):
-            self._files.clear()  # what another session wrote while we measured
-            texts: dict[Path, str] = {}
+            texts: dict[Path, Iterator[str]] = {}
             for suite, items in sorted(by_suite.items()):
-                existing = self.file(suite)  # raises for a corrupt file: nothing written yet
-                entries = dict(existing.entries) if existing else {}
+                existing = self._current(suite)  # raises for a corrupt file: nothing written yet
+                stored = existing.entries if existing else None
                 hosts = dict(existing.hosts) if existing else {}
                 if self.host is not None and host_facts is not None:
                     hosts[self.host] = dict(host_facts)
+                changed: dict[str, BaselineEntry] = {}
                 for m in items:
-                    old = entries.get(m.key)
-                    entries[m.key] = (old.updated(m, provenance, keep_runs) if old
+                    old = changed.get(m.key) or (stored.get(m.key) if stored is not None else None)
+                    changed[m.key] = (old.updated(m, provenance, keep_runs) if old
                                       else BaselineEntry.from_measurement(m, provenance))
-                texts[self.path(suite)] = dump(fingerprint, entries, hosts)
+                texts[self.path(suite)] = update_text(fingerprint, hosts, stored, changed)
             written = files.commit(self.root, texts)
         self._files.clear()
         return written

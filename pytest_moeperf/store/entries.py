@@ -17,7 +17,8 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from math import isfinite
 from typing import Any
 
 from pytest_moeperf.judging import stats
@@ -26,6 +27,8 @@ from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, Reference
 from pytest_moeperf.ledger import Identity, Measurement
 
 _SIGNIFICANT = 6
+#: the numbers of a stored summary besides its count ``n``
+_SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(Summary) if f.name != "n")
 MIN_HOSTS_FOR_SPREAD = 3
 #: updates less than this apart (on one boot) are one sitting
 SITTING_GAP = dt.timedelta(hours=1)
@@ -67,7 +70,54 @@ def _count(where: str, key: str, field: str, value: Any) -> int:
     return value
 
 
-@dataclass(frozen=True)
+def _written(value: float) -> float:
+    """A number to write: rounded to `_SIGNIFICANT` digits (`finite` refuses a non-finite one before)."""
+    return _round(value) if isinstance(value, float) else value
+
+
+def _summary_json(summary: Summary) -> dict[str, Any]:
+    return {"n": summary.n, **{name: _written(getattr(summary, name)) for name in _SUMMARY_FIELDS}}
+
+
+def checked(key: str, data: Any, where: str) -> tuple[int, dict[str, float], list[tuple[Any, ...]]]:
+    """A stored metric checked as `BaselineEntry.from_json` reads it, without making it (a file's metrics are all
+    checked when it is read, and made when used): its summary's count and numbers, and its runs' fields;
+    `BaselineError` naming the file, the metric and the field."""
+    try:
+        raw = data["summary"]
+        if len(raw) != len(_SUMMARY_FIELDS) + 1:
+            raise TypeError(f"summary has {sorted(raw)}, not {sorted(('n', *_SUMMARY_FIELDS))}")
+        numbers = {}
+        for name in _SUMMARY_FIELDS:
+            value = raw[name]
+            numbers[name] = value if type(value) is float and isfinite(value) else _number(
+                where, key, f"summary.{name}", value)
+        runs = []
+        for i, run in enumerate(data.get("runs", [])):
+            median, iqr = run["median"], run["iqr"]
+            if not (type(median) is float and isfinite(median)):
+                median = _number(where, key, f"runs[{i}].median", median)
+            if not (type(iqr) is float and isfinite(iqr)):
+                iqr = _number(where, key, f"runs[{i}].iqr", iqr)
+            windows = run.get("windows", [])
+            if not isinstance(windows, list):
+                raise BaselineError(f"{where}: metric {key!r}: runs[{i}].windows must be a list of numbers, "
+                                    f"got {windows!r} (left untouched)")
+            runs.append((median, _count(where, key, f"runs[{i}].n", run["n"]), iqr, run.get("date"),
+                         run.get("git_commit"), run.get("host"), run.get("boot"),
+                         tuple(_number(where, key, f"runs[{i}].windows[{j}]", w) for j, w in enumerate(windows))))
+        absent = [name for name in ("test", "name", "unit", "better") if name not in data]
+        if absent:
+            raise KeyError(absent[0])
+        for name in ("context", "provenance"):
+            if not isinstance(data.get(name, {}), dict):
+                raise TypeError(f"{name} must be an object")
+        return _count(where, key, "summary.n", raw["n"]), numbers, runs
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BaselineError(f"{where}: metric {key!r} is malformed ({type(exc).__name__}: {exc})") from None
+
+
+@dataclass(frozen=True, slots=True)
 class RunSummary:
     """One update's run of a metric, as a baseline keeps it."""
 
@@ -92,14 +142,14 @@ class RunSummary:
         return self.host if self.host is not None else f"sitting {self.date or '?'}"
 
     def to_json(self) -> dict[str, Any]:
-        data = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-        for optional in ("host", "boot"):
-            if data[optional] is None:
-                del data[optional]
+        data: dict[str, Any] = {"median": _written(self.median), "n": self.n, "iqr": _written(self.iqr),
+                                "date": self.date, "git_commit": self.git_commit}
+        if self.host is not None:
+            data["host"] = self.host
+        if self.boot is not None:
+            data["boot"] = self.boot
         if self.windows:
             data["windows"] = [_round(w) for w in self.windows]
-        else:
-            del data["windows"]
         return data
 
 
@@ -195,7 +245,7 @@ class BaselineEntry:
                          host_spread=spread)
 
     def to_json(self) -> dict[str, Any]:
-        summary = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self.summary).items()}
+        summary = _summary_json(self.summary)
         runs = [r.to_json() for r in self.all_runs]
         for values in (summary, *runs):
             finite("baseline update", self.key, values)
@@ -206,28 +256,19 @@ class BaselineEntry:
         return data
 
     @classmethod
-    def from_json(cls, key: str, data: Mapping[str, Any], where: str) -> BaselineEntry:
-        try:
-            raw = dict(data["summary"])
-            summary = Summary(n=_count(where, key, "summary.n", raw.pop("n")),
-                              **{k: _number(where, key, f"summary.{k}", v) for k, v in raw.items()})
-            runs = []
-            for i, run in enumerate(data.get("runs", [])):
-                windows = run.get("windows", [])
-                if not isinstance(windows, list):
-                    raise BaselineError(f"{where}: metric {key!r}: runs[{i}].windows must be a list of numbers, "
-                                        f"got {windows!r} (left untouched)")
-                runs.append(RunSummary(_number(where, key, f"runs[{i}].median", run["median"]),
-                                       _count(where, key, f"runs[{i}].n", run["n"]),
-                                       _number(where, key, f"runs[{i}].iqr", run["iqr"]), run.get("date"),
-                                       run.get("git_commit"), run.get("host"), run.get("boot"),
-                                       tuple(_number(where, key, f"runs[{i}].windows[{j}]", w)
-                                             for j, w in enumerate(windows))))
-            return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
-                       better=str(data["better"]), summary=summary, context=dict(data.get("context", {})),
-                       provenance=dict(data.get("provenance", {})), runs=tuple(runs), since=data.get("since"))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BaselineError(f"{where}: metric {key!r} is malformed ({type(exc).__name__}: {exc})") from None
+    def from_json(cls, key: str, data: Mapping[str, Any], where: str,
+                  shared: dict[Any, dict[str, Any]] | None = None) -> BaselineEntry:
+        """One stored metric, every number checked (`checked`). ``shared``: the provenances already read from this
+        file, by date and commit; an equal one is taken from it instead of kept again (the metrics of one update
+        share theirs: a file of 100,000 metrics holds a handful)."""
+        n, numbers, runs = checked(key, data, where)
+        provenance = dict(data.get("provenance", {}))
+        if shared is not None:
+            seen = shared.setdefault((provenance.get("date"), provenance.get("git_commit")), provenance)
+            provenance = seen if seen == provenance else provenance
+        return cls(key=key, test_id=str(data["test"]), name=str(data["name"]), unit=str(data["unit"]),
+                   better=str(data["better"]), summary=Summary(n=n, **numbers), context=dict(data.get("context", {})),
+                   provenance=provenance, runs=tuple(RunSummary(*run) for run in runs), since=data.get("since"))
 
     def updated(self, m: Measurement, provenance: Mapping[str, Any], keep: int) -> BaselineEntry:
         """This entry with one more run (``m``); a changed unit, direction or workload starts the runs afresh."""

@@ -5,7 +5,8 @@ transaction that make an update of several files one step.
   would give it (0666 less the umask), never mkstemp's 0600. It writes *to* what sits at the path, never instead
   of it: through a symlink to its target; into a FIFO, a device or ``/dev/stdout`` in place.
 * `read_json_object`: one error mapping for every JSON-object file we read (baselines, profiles, topologies,
-  reports): `FileFormatError` naming the file, never a traceback.
+  reports): `FileFormatError` naming the file, never a traceback. A key given twice in one object (a hand edit;
+  JSON would keep the last) is refused, naming the key (`jsontext.loads`).
 * `locked`: an exclusive ``fcntl`` lock on a directory (``.moeperf.lock`` in it): every writer of a baselines tree
   (``--moeperf-update`` of any fingerprint, ``moeperf baselines merge``) locks its root, so they take turns instead
   of losing each other's runs. Its holder writes who it is (pid, host, command, since when) to
@@ -33,9 +34,11 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from pytest_moeperf.store import jsontext
 
 LOCK_NAME = ".moeperf.lock"
 HOLDER_NAME = ".moeperf-lock-holder.json"
@@ -61,14 +64,28 @@ def _umask() -> int:
     return mask
 
 
-def _write_temp(path: Path, text: str) -> Path:
+#: a file's text: one string, or its pieces in order (written as they come: a large file is never held twice)
+Text = str | Iterable[str]
+_PIECE = 1 << 20  # characters encoded at a time
+
+
+def _pieces(text: Text) -> Iterator[str]:
+    if not isinstance(text, str):
+        yield from text
+        return
+    for start in range(0, len(text), _PIECE):
+        yield text[start:start + _PIECE]
+
+
+def _write_temp(path: Path, text: Text) -> Path:
     """``text`` in a new temporary file beside ``path`` (same file system), flushed to disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}@{_HOST}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            for piece in _pieces(text):
+                handle.write(piece)
             handle.flush()
             os.fsync(handle.fileno())
     except BaseException:
@@ -140,20 +157,86 @@ def write_report(path: Path, text: str, append: bool = False) -> None:
         atomic_write(path, text)
 
 
-def read_json_object(path: Path, what: str) -> dict[str, Any]:
-    """Parse ``path`` as a JSON object; `FileFormatError` names the file and ``what`` it should be."""
+def present(root: Path, path: Path, what: str) -> bool:
+    """Whether the file ``path`` under the folder ``root`` is there to read: False when nothing stands at it or at a
+    folder on the way from ``root`` (not created yet). Whatever else stands there raises `FileFormatError` naming its
+    path, where a plain ``exists()`` reads "absent": a symlink to nothing (a shared folder that is not mounted), a
+    symlink loop, a file where a folder should be, a folder, FIFO or device where the file should be."""
+    parts = path.relative_to(root).parts
+    chain = [root, *(root.joinpath(*parts[:i]) for i in range(1, len(parts) + 1))]
+    for place in chain:
+        try:
+            mode = os.stat(place).st_mode
+        except FileNotFoundError:
+            if os.path.islink(place):
+                raise FileFormatError(f"{what}: {place} is a symlink to {os.readlink(place)}, which does not exist "
+                                      "(a shared folder not mounted?)") from None
+            return False
+        except OSError as exc:  # a loop (ELOOP), no permission
+            raise FileFormatError(f"{what}: {place} cannot be read ({exc.strerror})") from None
+        if place != path and not stat.S_ISDIR(mode):
+            raise FileFormatError(f"{what}: {place} is not a folder")
+        if place == path and not stat.S_ISREG(mode):
+            raise FileFormatError(f"{what}: {place} is not a regular file")
+    return True
+
+
+@contextlib.contextmanager
+def json_errors(what: str) -> Iterator[None]:
+    """JSON that cannot be read (`jsontext`) as `FileFormatError` starting with ``what`` (the file it came from)."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        yield
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(f"{what} is not valid JSON: {exc}") from None
+    except jsontext.DuplicateKey as exc:
+        raise FileFormatError(f"{what}: {exc}") from None
+
+
+def loads_object(text: str, what: str) -> Any:
+    """``text`` parsed as JSON with every object's keys unique (`jsontext.loads`); `FileFormatError` starting with
+    ``what`` otherwise."""
+    with json_errors(what):
+        return jsontext.loads(text)
+
+
+#: which version of a file was read: its inode, size and modification time (a writer of ours replaces a file by a
+#: rename, which gives it another inode)
+Version = tuple[int, int, int]
+
+
+def version(path: Path) -> Version | None:
+    """The version of the file now at ``path`` (None: none can be had)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path``; `FileFormatError` names the file and ``what`` it should be."""
+    return read_versioned(path, what)[0]
+
+
+def read_versioned(path: Path, what: str) -> tuple[str, Version]:
+    """The UTF-8 text of ``path`` and the version it is of (`version`); `FileFormatError` names the file and
+    ``what`` it should be."""
+    try:
+        with open(path, "rb") as handle:
+            found = os.fstat(handle.fileno())
+            data = handle.read()
+        return data.decode("utf-8"), (found.st_ino, found.st_size, found.st_mtime_ns)
     except IsADirectoryError:
         raise FileFormatError(f"{what} {path} is a directory, not a file") from None
     except OSError as exc:
         raise FileFormatError(f"{what} {path}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
         raise FileFormatError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FileFormatError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """Parse ``path`` as a JSON object; `FileFormatError` names the file and ``what`` it should be."""
+    data = loads_object(read_text(path, what), f"{what} {path}")
     if not isinstance(data, dict):
         raise FileFormatError(f"{what} {path} must hold a JSON object, found {type(data).__name__}")
     return data
@@ -270,9 +353,9 @@ def locked(directory: Path, timeout: float | None = None, progress: Callable[[st
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def commit(directory: Path, texts: Mapping[Path, str]) -> list[Path]:
+def commit(directory: Path, texts: Mapping[Path, Text]) -> list[Path]:
     """Replace every file of ``texts`` (all under ``directory``, whose lock the caller holds) in one transaction;
-    the paths written."""
+    the paths written. A text given in pieces is written as they come; one that raises leaves nothing."""
     if not texts:
         return []
     outside = [str(dest) for dest in texts if _inside(directory, str(dest)) is None]

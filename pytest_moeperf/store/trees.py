@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +57,9 @@ def parse_tree_texts(texts: Mapping[str, str]) -> dict[str, dict[str, BaselineEn
     tree: dict[str, dict[str, BaselineEntry]] = {}
     for name, text in sorted(texts.items()):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BaselineError(f"baseline file {name}.json is corrupt: {exc}") from None
+            data = files.loads_object(text, f"baseline file {name}.json")
+        except files.FileFormatError as exc:
+            raise BaselineError(str(exc)) from None
         tree[name] = dict(parse(data, f"{name}.json").entries)
     return tree
 
