@@ -1,6 +1,6 @@
 """A session's state and its end: the ledger, the judge, the store; and the consumers that read the ledger once
-every producer is done (MISSING metrics, fingerprint warnings, extra tables, the machine-shift view, the baseline
-update, the reports and the history).
+every producer is done (MISSING metrics, fingerprint warnings, extra tables, the machine views: the canary's and the
+machine shift, the baseline update, the reports and the history).
 
 The session adapters (`session`) and the ``--moeperf-rounds`` parent (`processes.rounds`) both end here, so a
 one-round session and a rounds session write the same reports from the same ledger.
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.history.noise import HistoryNoise
+from pytest_moeperf.judging import machine as canary_view
 from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.levels import components, levels_section
 from pytest_moeperf.judging.shift import (
@@ -28,9 +29,10 @@ from pytest_moeperf.judging.shift import (
     shift_sections,
 )
 from pytest_moeperf.judging.thresholds import Reference, Threshold
-from pytest_moeperf.judging.verdict import Status, Verdict, missing
-from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
+from pytest_moeperf.judging.verdict import Cause, Status, Verdict, missing
+from pytest_moeperf.ledger import STATE, SUBFAMILY, Ledger, Measurement, suite_of
 from pytest_moeperf.machine import probe
+from pytest_moeperf.machine.canary import Canary, is_canary
 from pytest_moeperf.machine.provenance import git_commit_info, perf_environment
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
@@ -71,6 +73,9 @@ class Conclusion:
         self.updated = 0  # metrics written to the baselines
         self.started = _now()
         self.placement_note: str | None = None  # what the header says about xdist workers on shared cores
+        self.canary: Canary | None = None  # this process's canary (`machine.canary_plugin`), when it is read
+        self.canary_moves: list[canary_view.CanaryMove] = []  # the canary against its stored figures, at the end
+        self._flagged: set[str] = set()  # tests the canary was read beside (a REGRESSED at their call)
 
     @functools.cached_property
     def ids(self) -> TestIds:
@@ -188,14 +193,31 @@ class Conclusion:
         if section is not None:
             self.ledger.sections.append(section)
 
+    def _subfamilies(self) -> dict[str, str]:
+        return {k: str(r.metric.context.get(SUBFAMILY) or "") for k, r in self.ledger.records.items()}
+
+    def _machine(self) -> set[str]:
+        """The canary's view: its moves against its stored figures, and the verdicts its move explains read again;
+        returns the keys it made INCONCLUSIVE (an update holds them back)."""
+        readings = self.ledger.canary
+        self.canary_moves = canary_view.canary_moves(readings, self.store.host_medians({r.key for r in readings}))
+        verdicts = {k: r.verdict for k, r in self.ledger.records.items() if r.verdict is not None}
+        changed, matches = canary_view.machine_verdicts(verdicts, self._subfamilies(), self.canary_moves)
+        for key, verdict in changed.items():
+            self.ledger.decide(key, verdict)
+        self.ledger.sections += canary_view.machine_section(self.canary_moves, matches)
+        self.ledger.notes += canary_view.machine_notes(self.canary_moves, matches)
+        return {k for k, v in changed.items() if v.cause == Cause.MACHINE}
+
     def _shift(self) -> list[Family]:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
-        verdicts = self.ledger.verdicts
+        verdicts, subfamilies = self.ledger.verdicts, self._subfamilies()
         stored = self.store.run_medians(v.key for v in verdicts)
         moved = {v.key: v for v in verdicts}
-        for key, verdict in in_moved_families(moved, family_views(verdicts, stored), self._same_code(moved)).items():
+        views = family_views(verdicts, stored, subfamilies)
+        for key, verdict in in_moved_families(moved, views, self._same_code(moved), subfamilies).items():
             self.ledger.decide(key, verdict)
-        shifts = family_views(self.ledger.verdicts, stored)  # the same families, counting the verdicts as they read now
+        shifts = family_views(self.ledger.verdicts, stored, subfamilies)  # the verdicts as they read now
         self.ledger.sections += shift_sections(shifts)
         self.ledger.notes += shift_notes(shifts)
         return [f for f in shifts if f.moved]
@@ -222,10 +244,25 @@ class Conclusion:
         return self.provenance()
 
     def fails_its_test(self, key: str, verdict: Verdict) -> bool:
-        """Whether a REGRESSED fails its test at once; one against other hosts' runs, or against runs of this very
-        code (a family that moved as a whole is then the machine, a gross change too: `_shift`), waits for the
-        session's end."""
-        return verdict.status is Status.REGRESSED and not verdict.provisional and not self.of_this_code(key)
+        """Whether a REGRESSED fails its test at once; one against other hosts' runs, against runs of this very
+        code (a family that moved as a whole is then the machine, a gross change too: `_shift`), or beside a canary
+        that moved slower (`machine_slower`), waits for the session's end."""
+        return (verdict.status is Status.REGRESSED and not verdict.provisional and not self.of_this_code(key)
+                and not self.machine_slower(key))
+
+    def machine_slower(self, key: str) -> bool:
+        """Whether the canary beside ``key``'s test file, read again beside its test, moved slower than its stored
+        figures: then whether the machine explains the regression is decided at the session's end (`_machine`)."""
+        file, test, canary = key.split("::", 1)[0], key.rsplit("::", 1)[0], self.canary
+        stored = self.store.host_medians({r.key for r in self.ledger.canary + canary.pending if r.file == file}) \
+            if canary is not None else {}
+        if canary is None or not any(stored.values()):
+            return False  # nothing to compare with: the canary is not read for nothing
+        if test not in self._flagged:
+            self._flagged.add(test)
+            canary.read(file, "flagged")
+        readings = [r for r in self.ledger.canary + canary.pending if r.file == file]
+        return canary_view.moved_slower(canary_view.canary_moves(readings, stored), file) is not None
 
     def failing_regressions(self) -> list[Verdict]:
         """The REGRESSED verdicts that fail the session: all of them (those against other hosts' baselines fail only
@@ -246,6 +283,7 @@ class Conclusion:
         self.check_keys()
         self._sections()
         self._levels()
+        explained = self._machine()
         moved = self._shift()
         if self.settings.update:
             if stopped:
@@ -253,23 +291,23 @@ class Conclusion:
                                    "(an update is one transaction of a whole session)")
                 self.update_failed = bool(self.ledger.records)
             else:
-                self._update(moved)
+                self._update(moved, explained)
         self._write_reports()
         strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings or self.lost)
         return self.update_failed or strict or bool(self.failing_regressions())
 
-    def _update(self, moved: list[Family]) -> None:
+    def _update(self, moved: list[Family], explained: set[str]) -> None:
         from pytest_moeperf.store.update import plan_update
 
         plan = plan_update(self.ledger, moved, accept_shift=self.settings.accept_shift,
-                           simulated=self.topology.simulated)
+                           simulated=self.topology.simulated, machine=explained)
         self.errors += plan.problems
         if plan.measurements:
             try:
                 self.written += self.store.update(plan.measurements, self.fingerprint_record(), self.provenance(),
                                                   self.settings.noise_runs, self.fingerprint.host_facts,
                                                   self.settings.lock_timeout_s, _progress)
-                self.updated = len({m.key for m in plan.measurements})
+                self.updated = len({m.key for m in plan.measurements if not is_canary(m.key)})
             except (BaselineError, OSError, files.FileFormatError) as exc:  # the last: a journal it cannot finish
                 self.errors.append(f"baselines not updated: {exc}")
         self.update_failed = self.updated == 0 and bool(self.ledger.records)
@@ -297,7 +335,8 @@ class Conclusion:
         """This session's report (the one document the JSON report, the history and the HTML report are made of)."""
         return document.document(self.ledger, self.machine_info(), self.commit, {
             "fingerprint": self.fingerprint.slug, "hash": self.fingerprint.hash, "host": self.host,
-            "started": self.started, "round_of": self.settings.round_of})
+            "started": self.started, "round_of": self.settings.round_of},
+            extra=canary_view.canary_verdicts(self.canary_moves))
 
     def _write_reports(self) -> None:
         from pytest_moeperf.history import plugin as history
@@ -359,6 +398,10 @@ class Conclusion:
         if undecided_beyond:
             out.append((f"moeperf: {len(undecided_beyond)} metric(s) moved beyond their threshold but are not "
                         "decided (INCONCLUSIVE: see the reasons above; --moeperf-strict fails them)", True))
+        beside = [v for v in self.failing_regressions() if canary_view.MACHINE_MOVED in v.reason]
+        if beside:
+            out.append((f"moeperf: {len(beside)} metric(s) REGRESSED beyond the machine's move (the canary moved; see "
+                        "'Machine' in the report): the session fails", True))
         cross_host = [v for v in self.failing_regressions() if v.provisional]
         if cross_host:
             out.append((f"moeperf: {len(cross_host)} metric(s) REGRESSED against other hosts' baselines, beyond their "

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pytest_moeperf.judging.thresholds import Threshold, policy_value
 from pytest_moeperf.judging.verdict import Status, Verdict
+from pytest_moeperf.machine.canary import Reading
 from pytest_moeperf.reports.controls import context_text, no_controls
 
 Better = Literal["lower", "higher"]
@@ -31,6 +32,9 @@ ROUND_UNIT = "round_unit"
 #: cache, ``cold`` or ``warm``): a test that measured one state this run is not expected to measure the other's
 #: metrics, so their baselines are not MISSING (the summary notes them)
 STATE = "state"
+#: the context key that names a metric's sub-family: the context values, named by the test's ``moeperf_family``
+#: marker, its cases share (GEMM: ``dtype=bf16, m=1``); the machine views judge sub-families as families
+SUBFAMILY = "subfamily"
 #: how ``Ledger.tests`` says a test skipped, and how ``--moeperf-deadline``'s skip reason begins (a batch counts
 #: the tests it skipped)
 SKIPPED, DEADLINE_SKIP = "test skipped: ", "--moeperf-deadline "
@@ -297,8 +301,8 @@ class Record:
 @dataclass
 class Ledger:
     """Every record of a session, the tests that ran (and why some measured nothing), the MISSING verdicts, extra
-    tables, and what the session must say: ``warnings`` (counted, and failed by ``--moeperf-strict``) and
-    ``notes``."""
+    tables, the canary's readings (`machine.canary`), and what the session must say: ``warnings`` (counted, and
+    failed by ``--moeperf-strict``) and ``notes``."""
 
     records: dict[str, Record] = field(default_factory=dict)
     tests: dict[str, str] = field(default_factory=dict)  # nodeid -> why it did not measure ("" when it ran)
@@ -306,6 +310,7 @@ class Ledger:
     sections: list[Section] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    canary: list[Reading] = field(default_factory=list)
 
     def add(self, record: Record) -> None:
         """Append a record; a metric seen before gets these rounds after its own, and its verdict is dropped
@@ -360,6 +365,7 @@ class Ledger:
         for text in other.warnings:
             self.warn(text)
         self.notes += [n for n in other.notes if n not in self.notes]
+        self.canary += other.canary
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -374,7 +380,7 @@ class Ledger:
         return {"schema": LEDGER_SCHEMA, "records": [r.to_json() for r in self.records.values()],
                 "tests": dict(self.tests), "missing": [v.to_json() for v in self.missing.values()],
                 "sections": [s.to_json() for s in self.sections], "warnings": list(self.warnings),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "canary": [r.to_json() for r in self.canary]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Ledger:
@@ -388,6 +394,7 @@ class Ledger:
             found = Verdict.from_json(verdict)
             ledger.missing[found.key] = found
         ledger.sections = [Section.from_json(s) for s in data.get("sections", ())]
+        ledger.canary = [Reading.from_json(r) for r in data.get("canary", ())]
         return ledger
 
 

@@ -145,6 +145,19 @@ class BaselineStore:
                 out[key] = [(r.date, r.median) for r in entry.all_runs]
         return out
 
+    def host_medians(self, keys: Iterable[str]) -> dict[str, tuple[float, ...]]:
+        """Each stored metric's run medians measured on this host (every run when the host is unknown), oldest
+        first: the canary's stored figures (`judging.machine`); unusable files are left out."""
+        out: dict[str, tuple[float, ...]] = {}
+        for key in keys:
+            try:
+                entry = self.entry(key)
+            except BaselineError:
+                continue
+            if entry is not None:
+                out[key] = tuple(r.median for r in entry.all_runs if self.host is None or r.host == self.host)
+        return out
+
     def foreign_hash(self, suite: str, current_hash: str) -> str | None:
         """The fingerprint hash stored in a suite's file when it differs from ``current_hash``; else None."""
         found = self.file(suite)
