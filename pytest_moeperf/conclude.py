@@ -29,7 +29,7 @@ from pytest_moeperf.judging.shift import (
     shift_sections,
 )
 from pytest_moeperf.judging.thresholds import Reference, Threshold
-from pytest_moeperf.judging.verdict import Cause, Status, Verdict, missing
+from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import STATE, SUBFAMILY, Ledger, Measurement, suite_of
 from pytest_moeperf.machine import probe
 from pytest_moeperf.machine.canary import Canary, is_canary
@@ -196,9 +196,9 @@ class Conclusion:
     def _subfamilies(self) -> dict[str, str]:
         return {k: str(r.metric.context.get(SUBFAMILY) or "") for k, r in self.ledger.records.items()}
 
-    def _machine(self) -> set[str]:
-        """The canary's view: its moves against its stored figures, and the verdicts its move explains read again;
-        returns the keys it made INCONCLUSIVE (an update holds them back)."""
+    def _machine(self) -> None:
+        """The canary's view: its moves against its stored figures, and the verdicts its move explains read
+        again."""
         readings = self.ledger.canary
         self.canary_moves = canary_view.canary_moves(readings, self.store.host_medians({r.key for r in readings}))
         verdicts = {k: r.verdict for k, r in self.ledger.records.items() if r.verdict is not None}
@@ -207,7 +207,6 @@ class Conclusion:
             self.ledger.decide(key, verdict)
         self.ledger.sections += canary_view.machine_section(self.canary_moves, matches)
         self.ledger.notes += canary_view.machine_notes(self.canary_moves, matches)
-        return {k for k, v in changed.items() if v.cause == Cause.MACHINE}
 
     def _shift(self) -> list[Family]:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
@@ -283,7 +282,7 @@ class Conclusion:
         self.check_keys()
         self._sections()
         self._levels()
-        explained = self._machine()
+        self._machine()
         moved = self._shift()
         if self.settings.update:
             if stopped:
@@ -291,16 +290,16 @@ class Conclusion:
                                    "(an update is one transaction of a whole session)")
                 self.update_failed = bool(self.ledger.records)
             else:
-                self._update(moved, explained)
+                self._update(moved)
         self._write_reports()
         strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings or self.lost)
         return self.update_failed or strict or bool(self.failing_regressions())
 
-    def _update(self, moved: list[Family], explained: set[str]) -> None:
+    def _update(self, moved: list[Family]) -> None:
         from pytest_moeperf.store.update import plan_update
 
         plan = plan_update(self.ledger, moved, accept_shift=self.settings.accept_shift,
-                           simulated=self.topology.simulated, machine=explained)
+                           simulated=self.topology.simulated)
         self.errors += plan.problems
         if plan.measurements:
             try:

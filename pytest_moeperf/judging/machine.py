@@ -34,8 +34,9 @@ from pytest_moeperf.judging.verdict import GROSS_FACTOR, Cause, Status, Verdict
 from pytest_moeperf.ledger import Section
 from pytest_moeperf.machine.canary import UNIT, Reading, key_of
 
-__all__ = ["ALPHA", "K", "MACHINE_MOVED", "MIN_CASES", "MIN_FIGURES", "MIN_MOVE", "RATIO", "CanaryMove", "Match", "canary_moves",
-           "canary_verdicts", "figure", "machine_notes", "machine_section", "machine_verdicts", "moved_slower"]
+__all__ = ["ALPHA", "K", "MACHINE_MOVED", "MIN_CASES", "MIN_FIGURES", "MIN_MOVE", "RATIO", "CanaryMove", "Match",
+           "canary_moves", "canary_verdicts", "figure", "machine_notes", "machine_section", "machine_verdicts",
+           "moved_slower"]
 
 MIN_FIGURES = 3  # stored figures of this host before the canary's spread is known
 K = 3.0  # as the metrics' noise_k: a move beyond 3 robust sigmas of the stored figures

@@ -6,10 +6,10 @@ window number, `ledger.Round.window`) are one run: their samples pooled, each wi
 (`judging.levels` learns the start's and the window's variance from them). A metric with no such round is left
 out, named.
 A metric of a family that moved together (the machine-shift view: usually the machine, not the code) is left out
-unless ``--moeperf-accept-shift`` says the machine's new state is the one to guard; so is a metric whose move the
-canary explained (INCONCLUSIVE, cause machine: `judging.machine`). Beside the metrics of each test file it writes,
-the canary's figures of each round are written too (`canary_measurements`). Nothing is written from a simulated
-topology.
+unless ``--moeperf-accept-shift`` says the machine's new state is the one to guard. Beside the metrics of each test
+file it writes, the canary's figures of each round are written too (`canary_measurements`), whatever state the
+machine is in: an update in another sitting is meant to store the machine's other state (its spread is what the
+canary's move is judged against). Nothing is written from a simulated topology.
 """
 
 from __future__ import annotations
@@ -50,14 +50,11 @@ def canary_measurements(readings: Sequence[Reading], files: Collection[str]) -> 
             for (file, workload, _), samples in pooled.items()]
 
 
-def plan_update(ledger: Ledger, moved: Sequence[Family], accept_shift: bool, simulated: bool,
-                machine: Collection[str] = ()) -> UpdatePlan:
-    """What to write: ``moved`` families and the ``machine`` keys (the canary explained their move) are held back
-    unless ``accept_shift``."""
+def plan_update(ledger: Ledger, moved: Sequence[Family], accept_shift: bool, simulated: bool) -> UpdatePlan:
+    """What to write: ``moved`` families are held back unless ``accept_shift``."""
     if simulated:
         return UpdatePlan(problems=["baselines not updated: the topology is simulated"] if ledger.records else [])
     shifted = list(moved) if not accept_shift else []
-    explained = set(machine) if not accept_shift else set()
     plan = UpdatePlan()
     unusable: dict[str, list[str]] = {}
     held: dict[Family, list[str]] = {}
@@ -66,10 +63,6 @@ def plan_update(ledger: Ledger, moved: Sequence[Family], accept_shift: bool, sim
         family = next((f for f in shifted if f.holds(key, record.metric.name, subfamily)), None)
         if family is not None:
             held.setdefault(family, []).append(key)
-            continue
-        if key in explained:
-            unusable.setdefault("the canary explained its move: the machine moved, not the code; look at it, then "
-                                "re-record with --moeperf-accept-shift", []).append(key)
             continue
         rounds = [r for r in record.rounds if r.writable]
         if not rounds:

@@ -151,6 +151,20 @@ def test_a_canary_move_the_family_does_not_share_leaves_it_decided(pytester: pyt
     assert case["verdict"] == "REGRESSED" and "did not move with it" in case["reason"]
 
 
+def test_an_update_stores_the_machines_other_state_with_its_canary(pytester: pytest.Pytester, family) -> None:  # type: ignore[no-untyped-def]
+    # another sitting: the machine and the family 4 % slower (no machine shift: below 5 %); an update is meant to
+    # store that state, and the canary's figure beside it widens the spread its later moves are judged against
+    path = next((pytester.path / "baselines").glob("*/test_fam.json"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CANARY", "1.04")
+        mp.setenv("FAMILY", "1.04")
+        assert family("--moeperf-canary", "on", "--moeperf-update", "--moeperf-history", "off").ret == 0
+    stored = json.loads(path.read_text())["metrics"]
+    assert len(stored["test_fam.py::test_op[c0]::time"]["runs"]) == 4
+    assert [r["median"] for r in stored["test_fam.py::moeperf_canary::cpu_stream"]["runs"]] == [1000.0, 1002.0,
+                                                                                                998.0, 1040.0]
+
+
 def test_a_sub_family_moves_with_the_canary_where_its_whole_family_does_not(  # type: ignore[no-untyped-def]
         pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeconftest(CONFTEST)
