@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.history.noise import HistoryNoise
-from pytest_moeperf.judging import machine as canary_view
 from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.levels import components, levels_section
+from pytest_moeperf.judging.machine_judge import MachineJudge
 from pytest_moeperf.judging.shift import (
     Family,
     family_views,
@@ -30,9 +30,9 @@ from pytest_moeperf.judging.shift import (
 )
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, Verdict, missing
-from pytest_moeperf.ledger import STATE, SUBFAMILY, Ledger, Measurement, suite_of
+from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
 from pytest_moeperf.machine import probe
-from pytest_moeperf.machine.canary import Canary, is_canary
+from pytest_moeperf.machine.canary import is_canary
 from pytest_moeperf.machine.provenance import git_commit_info, perf_environment
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
@@ -73,9 +73,7 @@ class Conclusion:
         self.updated = 0  # metrics written to the baselines
         self.started = _now()
         self.placement_note: str | None = None  # what the header says about xdist workers on shared cores
-        self.canary: Canary | None = None  # this process's canary (`machine.canary_plugin`), when it is read
-        self.canary_moves: list[canary_view.CanaryMove] = []  # the canary against its stored figures, at the end
-        self._flagged: set[str] = set()  # tests the canary was read beside (a REGRESSED at their call)
+        self.machine = MachineJudge(self.store, self.ledger)  # the canary's judge
 
     @functools.cached_property
     def ids(self) -> TestIds:
@@ -193,24 +191,9 @@ class Conclusion:
         if section is not None:
             self.ledger.sections.append(section)
 
-    def _subfamilies(self) -> dict[str, str]:
-        return {k: str(r.metric.context.get(SUBFAMILY) or "") for k, r in self.ledger.records.items()}
-
-    def _machine(self) -> None:
-        """The canary's view: its moves against its stored figures, and the verdicts its move explains read
-        again."""
-        readings = self.ledger.canary
-        self.canary_moves = canary_view.canary_moves(readings, self.store.host_medians({r.key for r in readings}))
-        verdicts = {k: r.verdict for k, r in self.ledger.records.items() if r.verdict is not None}
-        changed, matches = canary_view.machine_verdicts(verdicts, self._subfamilies(), self.canary_moves)
-        for key, verdict in changed.items():
-            self.ledger.decide(key, verdict)
-        self.ledger.sections += canary_view.machine_section(self.canary_moves, matches)
-        self.ledger.notes += canary_view.machine_notes(self.canary_moves, matches)
-
     def _shift(self) -> list[Family]:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
-        verdicts, subfamilies = self.ledger.verdicts, self._subfamilies()
+        verdicts, subfamilies = self.ledger.verdicts, self.machine.subfamilies()
         stored = self.store.run_medians(v.key for v in verdicts)
         moved = {v.key: v for v in verdicts}
         views = family_views(verdicts, stored, subfamilies)
@@ -245,23 +228,9 @@ class Conclusion:
     def fails_its_test(self, key: str, verdict: Verdict) -> bool:
         """Whether a REGRESSED fails its test at once; one against other hosts' runs, against runs of this very
         code (a family that moved as a whole is then the machine, a gross change too: `_shift`), or beside a canary
-        that moved slower (`machine_slower`), waits for the session's end."""
+        that moved slower (`MachineJudge.slower`), waits for the session's end."""
         return (verdict.status is Status.REGRESSED and not verdict.provisional and not self.of_this_code(key)
-                and not self.machine_slower(key))
-
-    def machine_slower(self, key: str) -> bool:
-        """Whether the canary beside ``key``'s test file, read again beside its test, moved slower than its stored
-        figures: then whether the machine explains the regression is decided at the session's end (`_machine`)."""
-        file, test, canary = key.split("::", 1)[0], key.rsplit("::", 1)[0], self.canary
-        stored = self.store.host_medians({r.key for r in self.ledger.canary + canary.pending if r.file == file}) \
-            if canary is not None else {}
-        if canary is None or not any(stored.values()):
-            return False  # nothing to compare with: the canary is not read for nothing
-        if test not in self._flagged:
-            self._flagged.add(test)
-            canary.read(file, "flagged")
-        readings = [r for r in self.ledger.canary + canary.pending if r.file == file]
-        return canary_view.moved_slower(canary_view.canary_moves(readings, stored), file) is not None
+                and not self.machine.slower(key))
 
     def failing_regressions(self) -> list[Verdict]:
         """The REGRESSED verdicts that fail the session: all of them (those against other hosts' baselines fail only
@@ -282,7 +251,7 @@ class Conclusion:
         self.check_keys()
         self._sections()
         self._levels()
-        self._machine()
+        self.machine.conclude()
         moved = self._shift()
         if self.settings.update:
             if stopped:
@@ -335,7 +304,7 @@ class Conclusion:
         return document.document(self.ledger, self.machine_info(), self.commit, {
             "fingerprint": self.fingerprint.slug, "hash": self.fingerprint.hash, "host": self.host,
             "started": self.started, "round_of": self.settings.round_of},
-            extra=canary_view.canary_verdicts(self.canary_moves))
+            extra=self.machine.report_entries())
 
     def _write_reports(self) -> None:
         from pytest_moeperf.history import plugin as history
@@ -397,7 +366,7 @@ class Conclusion:
         if undecided_beyond:
             out.append((f"moeperf: {len(undecided_beyond)} metric(s) moved beyond their threshold but are not "
                         "decided (INCONCLUSIVE: see the reasons above; --moeperf-strict fails them)", True))
-        beside = [v for v in self.failing_regressions() if canary_view.MACHINE_MOVED in v.reason]
+        beside = self.machine.beside(self.failing_regressions())
         if beside:
             out.append((f"moeperf: {len(beside)} metric(s) REGRESSED beyond the machine's move (the canary moved; see "
                         "'Machine' in the report): the session fails", True))

@@ -32,9 +32,7 @@ ROUND_UNIT = "round_unit"
 #: cache, ``cold`` or ``warm``): a test that measured one state this run is not expected to measure the other's
 #: metrics, so their baselines are not MISSING (the summary notes them)
 STATE = "state"
-#: the context key that names a metric's sub-family: the context values, named by the test's ``moeperf_family``
-#: marker, its cases share (GEMM: ``dtype=bf16, m=1``); the machine views judge sub-families as families
-SUBFAMILY = "subfamily"
+SUBFAMILY = "subfamily"  # the context key of a metric's sub-family: its moeperf_family keys' values (dtype=bf16, m=1)
 #: how ``Ledger.tests`` says a test skipped, and how ``--moeperf-deadline``'s skip reason begins (a batch counts
 #: the tests it skipped)
 SKIPPED, DEADLINE_SKIP = "test skipped: ", "--moeperf-deadline "
@@ -301,8 +299,8 @@ class Record:
 @dataclass
 class Ledger:
     """Every record of a session, the tests that ran (and why some measured nothing), the MISSING verdicts, extra
-    tables, the canary's readings (`machine.canary`), and what the session must say: ``warnings`` (counted, and
-    failed by ``--moeperf-strict``) and ``notes``."""
+    tables, and what the session must say: ``warnings`` (counted, and failed by ``--moeperf-strict``) and
+    ``notes``."""
 
     records: dict[str, Record] = field(default_factory=dict)
     tests: dict[str, str] = field(default_factory=dict)  # nodeid -> why it did not measure ("" when it ran)
@@ -310,7 +308,7 @@ class Ledger:
     sections: list[Section] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    canary: list[Reading] = field(default_factory=list)
+    canary: list[Reading] = field(default_factory=list)  # the canary's readings (`machine.canary`)
 
     def add(self, record: Record) -> None:
         """Append a record; a metric seen before gets these rounds after its own, and its verdict is dropped
@@ -387,14 +385,13 @@ class Ledger:
         if data.get("schema") != LEDGER_SCHEMA:
             raise ValueError(f"ledger schema {data.get('schema')!r}; this version reads {LEDGER_SCHEMA}")
         ledger = cls(tests=dict(data.get("tests", {})), warnings=list(data.get("warnings", ())),
-                     notes=list(data.get("notes", ())))
+                     notes=list(data.get("notes", ())), canary=[Reading.from_json(r) for r in data.get("canary", ())])
         for record in data.get("records", ()):
             ledger.add(Record.from_json(record))
         for verdict in data.get("missing", ()):
             found = Verdict.from_json(verdict)
             ledger.missing[found.key] = found
         ledger.sections = [Section.from_json(s) for s in data.get("sections", ())]
-        ledger.canary = [Reading.from_json(r) for r in data.get("canary", ())]
         return ledger
 
 

@@ -1,7 +1,8 @@
 """The canary's pytest surface (registered beside the session while ``--moeperf-canary`` is on): a reading before
-the first perf test of each test file (before its fixtures start anything) and after its last (after they are torn
-down), and one beside a test that regressed (`conclude.Conclusion.machine_slower` asks for it). In an xdist worker
-the readings travel to the controller in the next test report; otherwise they join the ledger at once."""
+the first perf test (``perf``, or an adopted pytest-benchmark test) of each test file, before its fixtures start
+anything, and after its last, after they are torn down, and one beside a test that regressed
+(`judging.machine_judge.MachineJudge.slower` asks for it). In an xdist worker the readings travel to the controller
+in the next test report; otherwise they join the ledger at once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Generator
 
 import pytest
 
+from pytest_moeperf.adoption.plugin import adopts
 from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.machine.canary import Canary, Reading
 
@@ -22,14 +24,15 @@ class CanaryPlugin:
         self.canary = canary
         self.file: str | None = None  # the test file whose tests are running (read before them)
         self.worker = hasattr(state.config, "workerinput")
-        state.canary = canary
+        state.machine.canary = canary
 
     def _file(self, item: pytest.Item) -> str:
         return self.state.ids.of_item(item).split("::", 1)[0]
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
-        if "perf" in getattr(item, "fixturenames", ()) and self._file(item) != self.file:
+        names = getattr(item, "fixturenames", ())
+        if ("perf" in names or adopts(item.config, names)) and self._file(item) != self.file:
             self.file = self._file(item)
             self.canary.read(self.file, "before")
         return (yield)
