@@ -1,6 +1,6 @@
 """A session's state and its end: the ledger, the judge, the store; and the consumers that read the ledger once
-every producer is done (MISSING metrics, fingerprint warnings, extra tables, the machine-shift view, the baseline
-update, the reports and the history).
+every producer is done (MISSING metrics, fingerprint warnings, extra tables, the machine views: the canary's and the
+machine shift, the baseline update, the reports and the history).
 
 The session adapters (`session`) and the ``--moeperf-rounds`` parent (`processes.rounds`) both end here, so a
 one-round session and a rounds session write the same reports from the same ledger.
@@ -19,6 +19,7 @@ from typing import Any
 from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.levels import components, levels_section
+from pytest_moeperf.judging.machine_judge import MachineJudge
 from pytest_moeperf.judging.shift import (
     Family,
     family_views,
@@ -31,6 +32,7 @@ from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
 from pytest_moeperf.machine import probe
+from pytest_moeperf.machine.canary import is_canary
 from pytest_moeperf.machine.provenance import git_commit_info, perf_environment
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
@@ -76,6 +78,7 @@ class Conclusion:
             self.ledger.warn(moved[0])
         elif moved is not None:
             self.ledger.notes.append(moved[0])
+        self.machine = MachineJudge(self.store, self.ledger)  # the canary's judge
 
     @functools.cached_property
     def ids(self) -> TestIds:
@@ -195,12 +198,13 @@ class Conclusion:
 
     def _shift(self) -> list[Family]:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
-        verdicts = self.ledger.verdicts
+        verdicts, subfamilies = self.ledger.verdicts, self.machine.subfamilies()
         stored = self.store.run_medians(v.key for v in verdicts)
         moved = {v.key: v for v in verdicts}
-        for key, verdict in in_moved_families(moved, family_views(verdicts, stored), self._same_code(moved)).items():
+        views = family_views(verdicts, stored, subfamilies)
+        for key, verdict in in_moved_families(moved, views, self._same_code(moved), subfamilies).items():
             self.ledger.decide(key, verdict)
-        shifts = family_views(self.ledger.verdicts, stored)  # the same families, counting the verdicts as they read now
+        shifts = family_views(self.ledger.verdicts, stored, subfamilies)  # the verdicts as they read now
         self.ledger.sections += shift_sections(shifts)
         self.ledger.notes += shift_notes(shifts)
         return [f for f in shifts if f.moved]
@@ -227,10 +231,11 @@ class Conclusion:
         return self.provenance()
 
     def fails_its_test(self, key: str, verdict: Verdict) -> bool:
-        """Whether a REGRESSED fails its test at once; one against other hosts' runs, or against runs of this very
-        code (a family that moved as a whole is then the machine, a gross change too: `_shift`), waits for the
-        session's end."""
-        return verdict.status is Status.REGRESSED and not verdict.provisional and not self.of_this_code(key)
+        """Whether a REGRESSED fails its test at once; one against other hosts' runs, against runs of this very
+        code (a family that moved as a whole is then the machine, a gross change too: `_shift`), or beside a canary
+        that moved slower (`MachineJudge.slower`), waits for the session's end."""
+        return (verdict.status is Status.REGRESSED and not verdict.provisional and not self.of_this_code(key)
+                and not self.machine.slower(key))
 
     def failing_regressions(self) -> list[Verdict]:
         """The REGRESSED verdicts that fail the session: all of them (those against other hosts' baselines fail only
@@ -251,6 +256,7 @@ class Conclusion:
         self.check_keys()
         self._sections()
         self._levels()
+        self.machine.conclude()
         moved = self._shift()
         if self.settings.update:
             if stopped:
@@ -274,7 +280,7 @@ class Conclusion:
                 self.written += self.store.update(plan.measurements, self.fingerprint_record(), self.provenance(),
                                                   self.settings.noise_runs, self.fingerprint.host_facts,
                                                   self.settings.lock_timeout_s, _progress)
-                self.updated = len({m.key for m in plan.measurements})
+                self.updated = len({m.key for m in plan.measurements if not is_canary(m.key)})
             except (BaselineError, OSError, files.FileFormatError) as exc:  # the last: a journal it cannot finish
                 self.errors.append(f"baselines not updated: {exc}")
         self.update_failed = self.updated == 0 and bool(self.ledger.records)
@@ -302,7 +308,8 @@ class Conclusion:
         """This session's report (the one document the JSON report, the history and the HTML report are made of)."""
         return document.document(self.ledger, self.machine_info(), self.commit, {
             "fingerprint": self.fingerprint.slug, "hash": self.fingerprint.hash, "host": self.host,
-            "started": self.started, "round_of": self.settings.round_of})
+            "started": self.started, "round_of": self.settings.round_of},
+            extra=self.machine.report_entries())
 
     def _write_reports(self) -> None:
         from pytest_moeperf.history import plugin as history
@@ -364,6 +371,10 @@ class Conclusion:
         if undecided_beyond:
             out.append((f"moeperf: {len(undecided_beyond)} metric(s) moved beyond their threshold but are not "
                         "decided (INCONCLUSIVE: see the reasons above; --moeperf-strict fails them)", True))
+        beside = self.machine.beside(self.failing_regressions())
+        if beside:
+            out.append((f"moeperf: {len(beside)} metric(s) REGRESSED beyond the machine's move (the canary moved; see "
+                        "'Machine' in the report): the session fails", True))
         cross_host = [v for v in self.failing_regressions() if v.provisional]
         if cross_host:
             out.append((f"moeperf: {len(cross_host)} metric(s) REGRESSED against other hosts' baselines, beyond their "

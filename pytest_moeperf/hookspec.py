@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pytest_moeperf.judging.thresholds import Reference, Threshold
     from pytest_moeperf.judging.verdict import Verdict
     from pytest_moeperf.ledger import Measurement, Section
+    from pytest_moeperf.machine.canary import Workload
     from pytest_moeperf.machine.topology import Topology
 
 
@@ -58,3 +59,11 @@ def pytest_moeperf_round_unit(config: pytest.Config, item: pytest.Item) -> str |
 def pytest_moeperf_profile_dirs(config: pytest.Config) -> list[Path]:  # type: ignore[empty-body]
     """Return serve-profile directories for the serving and spec-decode suites when ``--moeperf-profiles`` (or
     its ini twin) names none: a suite's conftest names its own. Results of all implementations are joined."""
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_moeperf_canary(config: pytest.Config) -> list[Workload] | None:
+    """Return the canary's workloads (`machine.canary.Workload`: a name, ``measure()`` returning µs samples, an
+    optional ``release()``), read before and after each test file's perf tests while ``--moeperf-canary`` is on.
+    The default: ``cpu_compute`` and ``cpu_stream``, and ``gpu_gemm`` and ``gpu_copy`` where torch sees a GPU.
+    Called once per session (per xdist worker)."""

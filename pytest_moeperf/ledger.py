@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pytest_moeperf.judging.thresholds import Threshold, policy_value
 from pytest_moeperf.judging.verdict import Status, Verdict
+from pytest_moeperf.machine.canary import Reading
 from pytest_moeperf.reports.controls import context_text, no_controls
 
 Better = Literal["lower", "higher"]
@@ -31,6 +32,7 @@ ROUND_UNIT = "round_unit"
 #: cache, ``cold`` or ``warm``): a test that measured one state this run is not expected to measure the other's
 #: metrics, so their baselines are not MISSING (the summary notes them)
 STATE = "state"
+SUBFAMILY = "subfamily"  # the context key of a metric's sub-family: its moeperf_family keys' values (dtype=bf16, m=1)
 #: how ``Ledger.tests`` says a test skipped, and how ``--moeperf-deadline``'s skip reason begins (a batch counts
 #: the tests it skipped)
 SKIPPED, DEADLINE_SKIP = "test skipped: ", "--moeperf-deadline "
@@ -306,6 +308,7 @@ class Ledger:
     sections: list[Section] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    canary: list[Reading] = field(default_factory=list)  # the canary's readings (`machine.canary`)
 
     def add(self, record: Record) -> None:
         """Append a record; a metric seen before gets these rounds after its own, and its verdict is dropped
@@ -360,6 +363,7 @@ class Ledger:
         for text in other.warnings:
             self.warn(text)
         self.notes += [n for n in other.notes if n not in self.notes]
+        self.canary += other.canary
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -374,14 +378,14 @@ class Ledger:
         return {"schema": LEDGER_SCHEMA, "records": [r.to_json() for r in self.records.values()],
                 "tests": dict(self.tests), "missing": [v.to_json() for v in self.missing.values()],
                 "sections": [s.to_json() for s in self.sections], "warnings": list(self.warnings),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "canary": [r.to_json() for r in self.canary]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Ledger:
         if data.get("schema") != LEDGER_SCHEMA:
             raise ValueError(f"ledger schema {data.get('schema')!r}; this version reads {LEDGER_SCHEMA}")
         ledger = cls(tests=dict(data.get("tests", {})), warnings=list(data.get("warnings", ())),
-                     notes=list(data.get("notes", ())))
+                     notes=list(data.get("notes", ())), canary=[Reading.from_json(r) for r in data.get("canary", ())])
         for record in data.get("records", ()):
             ledger.add(Record.from_json(record))
         for verdict in data.get("missing", ()):

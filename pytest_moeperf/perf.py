@@ -7,7 +7,16 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from pytest_moeperf.judging import stats
-from pytest_moeperf.ledger import ROUND_UNIT, Better, HealthReport, JSONScalar, Measurement, Round, as_samples
+from pytest_moeperf.ledger import (
+    ROUND_UNIT,
+    SUBFAMILY,
+    Better,
+    HealthReport,
+    JSONScalar,
+    Measurement,
+    Round,
+    as_samples,
+)
 from pytest_moeperf.reports.controls import context_text
 
 
@@ -18,8 +27,11 @@ class Perf:
     >>> perf.record("latency", [12.1, 12.3, 12.2], unit="us", better="lower")
     """
 
-    def __init__(self, test_id: str, *, simulated_from: str | None = None, round_unit: str | None = None) -> None:
+    def __init__(self, test_id: str, *, simulated_from: str | None = None, round_unit: str | None = None,
+                 family: tuple[str, ...] = ()) -> None:
         self.test_id = test_id
+        #: the context keys whose values name this test's sub-family (the ``moeperf_family`` marker)
+        self.family = family
         #: what one process's measurement of this test stands for (``pytest_moeperf_round_unit``), e.g. "server start"
         self.round_unit = round_unit
         self._context: dict[str, JSONScalar] = {} if round_unit is None else {ROUND_UNIT: round_unit}
@@ -149,11 +161,13 @@ class Perf:
                         "devices, so nothing is recorded or compared")
         if any(m.name == name for m in self._records):
             raise ValueError(f"metric {name!r} recorded twice in {self.test_id}")
+        facts = {**self._context, **(context or {})}
+        subfamily = ", ".join(f"{k}={facts[k]}" for k in self.family if k in facts)
         try:  # a bad argument fails this test, here, naming the metric and the argument
             measurement = Measurement(
                 test_id=self.test_id, name=name, samples=as_samples(samples, f"metric {name!r}"), unit=unit,
                 better=better, tolerance=tolerance, abs_tolerance=abs_tolerance,
-                context={**self._context, **(context or {})},
+                context={**facts, SUBFAMILY: subfamily} if subfamily else facts,
             )
         except TypeError as exc:
             raise TypeError(f"perf.record: {exc}") from None

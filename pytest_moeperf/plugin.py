@@ -16,8 +16,9 @@ from pytest_moeperf.health import gate as health_gate
 from pytest_moeperf.judging import verdict as verdict_mod
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.ledger import Measurement
-from pytest_moeperf.machine import emulation, markers, placement, probe
+from pytest_moeperf.machine import canary, emulation, markers, placement, probe
 from pytest_moeperf.machine import topology as topology_mod
+from pytest_moeperf.machine.canary_plugin import CanaryPlugin
 from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.processes import rounds, starts, termination, windows
@@ -117,6 +118,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(windowed, "moeperf-windows")
     config.pluginmanager.register(starts.Starts(state, config.stash[started_key], windowed), "moeperf-starts")
     adoption.install(config, state, resolved.benchmark_unit)
+    if resolved.canary and not topo.simulated and not (resolved.round_of or "").startswith("ab "):
+        # (a moeperf ab side's processes are judged against the other side's, not against stored runs)
+        workloads = canary.Canary(lambda: config.hook.pytest_moeperf_canary(config=config) or [],
+                                  resolved.round_of or "call")
+        config.pluginmanager.register(CanaryPlugin(state, workloads), "moeperf-canary")
     if resolved.round_of is not None and not hasattr(config, "workerinput"):
         # a child of --moeperf-rounds or moeperf ab: SIGTERM interrupts it as Ctrl-C does (fixtures torn down)
         child = contextlib.ExitStack()
@@ -154,6 +160,13 @@ def pytest_moeperf_verdict(measurement: Measurement, rounds: tuple[tuple[float, 
                            reference: Reference | None, threshold: Threshold) -> verdict_mod.Verdict:
     return verdict_mod.judge(measurement.key, measurement.name, measurement.unit, measurement.better, rounds,
                              reference, threshold)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_moeperf_canary(config: pytest.Config) -> list[canary.Workload]:
+    from pytest_moeperf.kernels.devices import cpu_device
+
+    return canary.default_workloads(config.stash[session_key].topology.gpu_count, cpu_device().cache_bytes)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

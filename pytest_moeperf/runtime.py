@@ -14,6 +14,7 @@ import pytest
 
 from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.ledger import DEADLINE_SKIP, SKIPPED, HealthReport
+from pytest_moeperf.machine.markers import MarkerError, family_keys
 from pytest_moeperf.perf import Perf
 from pytest_moeperf.settings import Settings
 from pytest_moeperf.store.keys import REPORT_ATTRIBUTE, TestIds
@@ -43,7 +44,12 @@ def new_perf(item: pytest.Item) -> Perf:
     state = config.stash[session_key]
     topo = state.topology
     unit = config.hook.pytest_moeperf_round_unit(config=config, item=item)
-    recorder = Perf(state.ids.of_item(item), simulated_from=topo.source if topo.simulated else None, round_unit=unit)
+    try:
+        family = family_keys(item)
+    except MarkerError:
+        family = ()  # its test errored at setup, naming the marker
+    recorder = Perf(state.ids.of_item(item), simulated_from=topo.source if topo.simulated else None, round_unit=unit,
+                    family=family)
     item.stash[perf_key] = recorder
     return recorder
 

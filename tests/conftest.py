@@ -19,12 +19,14 @@ def run_moeperf(pytester: pytest.Pytester):  # type: ignore[no-untyped-def]
 
     The health gate is off unless a test turns it on (``--moeperf-health on`` after it): these sessions test
     verdicts, stores and reports, and a loaded box (CI beside other jobs, two busy loops) must not decide them; the
-    gate's own tests run it on purpose."""
+    gate's own tests run it on purpose. So is the canary (``--moeperf-canary on``): a second a reading, and its
+    figures would join every baseline file and report these tests read."""
 
     def run(*args: str) -> pytest.RunResult:
         plugin = () if _ENTRY_POINT else ("-p", "pytest_moeperf.plugin")
         return pytester.runpytest(*plugin, "-p", "no:cacheprovider", "--moeperf-baselines",
-                                  str(pytester.path / "baselines"), "--moeperf-health", "off", *args)
+                                  str(pytester.path / "baselines"), "--moeperf-health", "off", "--moeperf-canary",
+                                  "off", *args)
 
     return run
 

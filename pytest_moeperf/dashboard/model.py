@@ -7,6 +7,8 @@
   draws it. A case whose median is 0 counts 1.0 where it is 0 and nothing elsewhere (`family_level`).
 * A family's **change points** on a lane: its cases' change points (`changes.all_steps`) grouped by the session
   where each step starts, with how many cases stepped there and their median size.
+* **machine**: the canary's figures (`machine.canary`) are a suite of their own, first in the index: one family per
+  workload, whose cases are the test files it was read beside, so its level is the machine's per lane.
 
 Numbers keep 6 significant digits; sessions are referred to by their history id everywhere.
 """
@@ -22,9 +24,11 @@ from typing import Any
 from pytest_moeperf.dashboard.window import Window
 from pytest_moeperf.history.records import MetricRecord
 from pytest_moeperf.history.trend import Step
+from pytest_moeperf.machine.canary import is_canary
 
 STATUSES = ("REGRESSED", "INCONCLUSIVE", "IMPROVED", "MISSING", "NEW", "PASS")  # the order of the count arrays
 FLAGGED = ("REGRESSED", "IMPROVED", "INCONCLUSIVE")  # verdicts a point is marked with
+MACHINE = "machine"  # the canary's suite and the file of its families
 
 # key -> lane index -> [(session id, record)], oldest first
 Series = dict[str, dict[int, list[tuple[int, MetricRecord]]]]
@@ -35,7 +39,10 @@ def num(value: float | None) -> float | None:
 
 
 def suite_of(test_id: str) -> str:
-    """``suites/gemm/test_gemm.py::test_x[a]`` -> ``gemm``; a file elsewhere: its folder, or the file itself."""
+    """``suites/gemm/test_gemm.py::test_x[a]`` -> ``gemm``; a file elsewhere: its folder, or the file itself; the
+    canary's figures: ``machine``."""
+    if is_canary(test_id):
+        return MACHINE
     parts = test_id.split("::", 1)[0].split("/")
     if parts[0] == "suites" and len(parts) > 2:
         return parts[1]
@@ -43,14 +50,17 @@ def suite_of(test_id: str) -> str:
 
 
 def family_of(key: str) -> tuple[str, str]:
-    """``(test file, metric name)`` of a ``test_id::name`` key."""
+    """``(test file, metric name)`` of a ``test_id::name`` key; ``(machine, workload)`` of the canary's."""
     test_id, _, name = key.rpartition("::")
-    return test_id.split("::", 1)[0], name
+    return (MACHINE if is_canary(key) else test_id.split("::", 1)[0]), name
 
 
 def case_of(key: str) -> str:
-    """The part of a key that tells the cases of one family apart: ``test_gemm[kimi-k2.5-o_proj-m1-bf16]``."""
+    """The part of a key that tells the cases of one family apart: ``test_gemm[kimi-k2.5-o_proj-m1-bf16]``; of the
+    canary's, the test file it was read beside."""
     test_id = key.rpartition("::")[0]
+    if is_canary(key):
+        return test_id.split("::", 1)[0]
     return test_id.split("::", 1)[1] if "::" in test_id else test_id
 
 
@@ -122,7 +132,7 @@ def index_rows(window: Window, series: Series, steps: Mapping[tuple[str, int], S
         families.setdefault(family_of(key), []).append(key)
     rows = []
     order = {sid: i for i, sid in enumerate(window.ids)}
-    for (path, name), keys in sorted(families.items(), key=lambda f: (suite_of(f[0][0]), f[0])):
+    for (path, name), keys in sorted(families.items(), key=lambda f: (f[0][0] != MACHINE, suite_of(f[0][0]), f[0])):
         keys.sort()
         first = series[keys[0]][min(series[keys[0]])][0][1]
         lanes = []

@@ -16,13 +16,17 @@ every suite 10-24 % faster (GEMM ``time`` median -18.3 % over 26 of 26 cases, gl
 
 A family counts as moved when an exact two-sided sign test over its cases rejects "no common direction" at
 ``ALPHA`` and the median change is at least ``MIN_SHIFT``. Families of fewer than ``MIN_CASES`` cases are not
-looked at (their median is no estimate of the box). The view changes no verdict on this host's baselines (an
-IMPROVED or REGRESSED inside a moved family says "likely the machine"), unless every stored run of the metric is of
-this run's code (`same_code`: one commit, a clean tree, the same software, driver and environment): then only the
-machine can have moved it, and the verdict is INCONCLUSIVE with cause ``machine`` (seen in a same-box CPU A/A: the
-whole GEMM family +8.8 %, 16 of 16 cases, every round healthy, and one case REGRESSED at p = 0.012). A gross change
-stays decided. Against other hosts' baselines a family that moved as a whole is what another host looks like, so its
-verdicts there are INCONCLUSIVE (`in_moved_families`).
+looked at (all of n cases one way is p = 2^(1-n): below 0.01 from 8). A **sub-family** (the cases of a test that
+share the context values its ``moeperf_family`` marker names: CPU GEMM ``time`` at dtype bf16 and M = 1 is 14 of
+the 26 cases) is looked at as a family of its own by the same rule (its cases are also in their whole family's
+view): a box can move the memory-bound cases alone. Smaller sub-families are left to the canary (`machine`).
+The view changes no verdict on this host's baselines (an IMPROVED or REGRESSED inside a moved family says "likely
+the machine"), unless every stored run of the metric is of this run's code (`same_code`: one commit, a clean tree,
+the same software, driver and environment): then only the machine can have moved it, and the verdict is
+INCONCLUSIVE with cause ``machine`` (seen in a same-box CPU A/A: the whole GEMM family +8.8 %, 16 of 16 cases, every
+round healthy, and one case REGRESSED at p = 0.012). A gross change stays decided. Against other hosts' baselines a
+family that moved as a whole is what another host looks like, so its verdicts there are INCONCLUSIVE
+(`in_moved_families`).
 """
 
 from __future__ import annotations
@@ -76,6 +80,16 @@ class Family:
     outliers: tuple[Outlier, ...]
     improved: int = 0  # IMPROVED verdicts in the family
     regressed: int = 0  # REGRESSED verdicts in the family
+    subfamily: str = ""  # "" : the whole family; else the sub-family's context values (`ledger.SUBFAMILY`)
+
+    @property
+    def label(self) -> str:
+        return self.family + (f" [{self.subfamily}]" if self.subfamily else "")
+
+    def holds(self, key: str, name: str, subfamily: str = "") -> bool:
+        """Whether metric ``key`` (its name, its sub-family) is one of this family's cases."""
+        return (name == self.name and key.split("::")[0] == self.family
+                and (not self.subfamily or subfamily == self.subfamily))
 
     @property
     def moved(self) -> bool:
@@ -121,19 +135,23 @@ def _relative_runs(keys: Sequence[str], stored: StoredRuns) -> dict[str, list[fl
             for key, runs_of_key in tagged.items()}
 
 
-def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) -> list[Family]:
-    """Every family of at least ``MIN_CASES`` judged cases: its common move and its relative outliers."""
-    families: dict[tuple[str, str], list[Verdict]] = {}
+def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None,
+                 subfamilies: Mapping[str, str] | None = None) -> list[Family]:
+    """Every family of at least ``MIN_CASES`` judged cases: its common move and its relative outliers; then every
+    sub-family (``subfamilies``: key -> `ledger.SUBFAMILY` label) of as many, its common move alone."""
+    families: dict[tuple[str, str, str], list[Verdict]] = {}
     for v in verdicts:
         if v.change is not None and v.mde is not None and math.isfinite(v.change):
-            families.setdefault((v.key.split("::")[0], v.name), []).append(v)
+            families.setdefault((v.key.split("::")[0], v.name, ""), []).append(v)
+            if (subfamilies or {}).get(v.key):
+                families.setdefault((v.key.split("::")[0], v.name, (subfamilies or {})[v.key]), []).append(v)
     views = []
-    for (family, name), members in sorted(families.items()):
-        if len(members) < MIN_CASES:
-            continue
+    for (family, name, subfamily), members in sorted(families.items(), key=lambda f: (bool(f[0][2]), f[0])):
+        if len(members) < MIN_CASES or (subfamily and len(members) == len(families[(family, name, "")])):
+            continue  # too few to tell; or a sub-family that is its whole family (one backend)
         changes = [v.change for v in members if v.change is not None]
         median = stats.median(changes)
-        relative_runs = _relative_runs([v.key for v in members], stored or {})
+        relative_runs = _relative_runs([v.key for v in members], stored or {}) if not subfamily else {}
         first, outliers, thresholds = members[0], [], []
         for v in members:
             assert v.change is not None and v.mde is not None
@@ -145,7 +163,7 @@ def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) 
                 center = stats.median(runs)
                 thresholds.append(allowed)
             relative = (1.0 + v.change) / ((1.0 + median) * center) - 1.0
-            if v.status is not Status.REGRESSED and _worse(first.better, relative) > allowed:
+            if not subfamily and v.status is not Status.REGRESSED and _worse(first.better, relative) > allowed:
                 outliers.append(Outlier(v.key, v.change, relative, allowed))
         outliers.sort(key=lambda o: _worse(first.better, o.relative) - o.allowed, reverse=True)
         plus, minus = sum(1 for c in changes if c > TIE), sum(1 for c in changes if c < -TIE)
@@ -154,7 +172,7 @@ def family_views(verdicts: Sequence[Verdict], stored: StoredRuns | None = None) 
                             stats.median([v.mde for v in members if v.mde is not None]),
                             stats.median(thresholds) if thresholds else None, tuple(outliers),
                             sum(1 for v in members if v.status is Status.IMPROVED),
-                            sum(1 for v in members if v.status is Status.REGRESSED)))
+                            sum(1 for v in members if v.status is Status.REGRESSED), subfamily))
     return views
 
 
@@ -166,7 +184,7 @@ def _outliers(f: Family) -> str:
     shown = ", ".join(f"{o.key.split('::')[-2]} {_pct(o.relative)} (relative threshold {100 * o.allowed:.1f} %)"
                       for o in f.outliers[:SHOWN_OUTLIERS])
     more = len(f.outliers) - SHOWN_OUTLIERS
-    return f"{f.family} {f.name}: {shown}" + (f", and {more} more" if more > 0 else "")
+    return f"{f.label} {f.name}: {shown}" + (f", and {more} more" if more > 0 else "")
 
 
 def shift_sections(views: Sequence[Family]) -> list[Section]:
@@ -174,7 +192,7 @@ def shift_sections(views: Sequence[Family]) -> list[Section]:
     moved, leads = [f for f in views if f.moved], [_outliers(f) for f in views if f.outliers]
     if not moved and not leads:
         return []
-    rows = tuple((f.family, f.name, f"{f.same_direction} of {f.cases} {f.word}", _pct(f.median_change),
+    rows = tuple((f.label, f.name, f"{f.same_direction} of {f.cases} {f.word}", _pct(f.median_change),
                   f"{_pct(f.low)} .. {_pct(f.high)}", f"{100 * f.median_allowed:.1f} %",
                   "-" if f.median_relative is None else f"{100 * f.median_relative:.1f} %", f"{f.p:.1g}",
                   str(len(f.outliers))) for f in moved)
@@ -199,7 +217,7 @@ def shift_notes(views: Sequence[Family]) -> list[str]:
     outliers = sum(len(f.outliers) for f in views)
     if not moved:
         return [f"moeperf: {outliers} relative outlier(s): see 'Relative outliers' in the report"] if outliers else []
-    named = ", ".join(f"{f.family.rsplit('/', 1)[-1]} {f.name} {_pct(f.median_change)} ({f.same_direction} of "
+    named = ", ".join(f"{f.label.rsplit('/', 1)[-1]} {f.name} {_pct(f.median_change)} ({f.same_direction} of "
                       f"{f.cases})" for f in moved[:3])
     more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
     improved, regressed = sum(f.improved for f in moved), sum(f.regressed for f in moved)
@@ -224,8 +242,8 @@ def same_code(now: Mapping[str, Any], stored: Mapping[str, Any], run_commits: Se
             and all(f in stored and stored[f] == now.get(f) for f in SAME_CODE_FIELDS))
 
 
-def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family],
-                      same: Collection[str] = ()) -> dict[str, Verdict]:
+def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family], same: Collection[str] = (),
+                      subfamilies: Mapping[str, str] | None = None) -> dict[str, Verdict]:
     """The IMPROVED and REGRESSED verdicts (by key) inside families that moved as a whole, as they now read: with
     the family's move in the reason; against other hosts' baselines (noise source ``hosts``) INCONCLUSIVE, cause
     ``other-host`` (seen on a fresh 1x H200: every gloo size +21 % against 3 other hosts whose spread allowed
@@ -233,12 +251,14 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family],
     a gross change too (the code is the runs' own: whatever moved the whole family is the machine); otherwise a
     gross change (`verdict.gross_factor`) stays decided."""
     changed = {}
-    for family in (f for f in views if f.moved):
-        note = (f"family {family.name} moved {family.median_change * 100:+.1f} % ({family.same_direction} of "
+    # a sub-family's move first: it is the nearer description of the case's box
+    for family in sorted((f for f in views if f.moved), key=lambda f: not f.subfamily):
+        label = f"{family.name} [{family.subfamily}]" if family.subfamily else family.name
+        note = (f"family {label} moved {family.median_change * 100:+.1f} % ({family.same_direction} of "
                 f"{family.cases} cases)")
         for key, v in verdicts.items():
-            if (v.status not in (Status.IMPROVED, Status.REGRESSED) or v.name != family.name
-                    or key.split("::")[0] != family.family):
+            if (v.status not in (Status.IMPROVED, Status.REGRESSED) or key in changed
+                    or not family.holds(key, v.name, (subfamilies or {}).get(key, ""))):
                 continue
             if key in same:
                 changed[key] = dataclasses.replace(

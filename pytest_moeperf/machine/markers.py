@@ -1,6 +1,7 @@
-"""The requirement markers (``gpus``, ``interconnect``, ``compute_capability``, ``arch``, ``requires``) and the
-checks of their arguments: a marker a test cannot meet skips it naming what was required and what was found; a
-marker with bad arguments is a usage error of that test (it errors at setup), never of the whole session."""
+"""The requirement markers (``gpus``, ``interconnect``, ``compute_capability``, ``arch``, ``requires``), the
+``moeperf_threshold`` and ``moeperf_family`` markers, and the checks of their arguments: a marker a test cannot meet
+skips it naming what was required and what was found; a marker with bad arguments is a usage error of that test (it
+errors at setup), never of the whole session."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ MARKERS = (
     "arch(*names): needs GPUs of one of these architectures, e.g. arch('sm90', 'sm120')",
     "requires(*modules): needs these Python modules to be importable (e.g. 'vllm')",
     "moeperf_threshold(tolerance=None, abs_tolerance=None, noise_k=None): thresholds for the metrics of a test",
+    "moeperf_family(*keys): the test's cases that share these context values (e.g. 'dtype', 'm') form a sub-family, "
+    "which the machine views judge as a family",
     "moeperf_deadline_inside: the test checks --moeperf-deadline itself (pytest_moeperf.plugin.skip_past_deadline) "
     "before it starts new work: its result may already have been measured by another test",
     "gemm: GEMM suite",
@@ -93,6 +96,17 @@ def _arg(marker: pytest.Mark, name: str, default: object = None) -> object:
     return default
 
 
+def family_keys(item: pytest.Item | None) -> tuple[str, ...]:
+    """The context keys the closest ``moeperf_family`` marker names (`MarkerError` for anything but names)."""
+    marker = item.get_closest_marker("moeperf_family") if item is not None else None
+    if marker is None:
+        return ()
+    if marker.kwargs or not marker.args or not all(isinstance(k, str) and k for k in marker.args):
+        raise MarkerError(f"moeperf_family: name context keys, as moeperf_family('dtype', 'm'); got "
+                          f"{marker.args!r} {marker.kwargs!r}")
+    return tuple(marker.args)
+
+
 def unmet_requirement(item: pytest.Item, topo: Topology) -> str | None:
     """Why ``item`` cannot run on ``topo`` (what was required, what was found), or None. `MarkerError` for a
     marker with bad arguments."""
@@ -131,6 +145,7 @@ def apply(item: pytest.Item, topo: Topology) -> None:
     """Skip ``item`` when its requirements are unmet; remember a usage error to raise at its setup."""
     try:
         threshold_marker(item)
+        family_keys(item)
         reason = unmet_requirement(item, topo)
     except RequirementCheckError as exc:
         item.stash[usage_error_key] = f"{item.nodeid}: {exc}"

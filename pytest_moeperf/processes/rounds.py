@@ -58,6 +58,7 @@ def _relabel(ledger: Ledger, origin: str) -> Ledger:
     for key, record in list(ledger.records.items()):
         rounds = tuple(dataclasses.replace(r, origin=origin) for r in record.rounds)
         ledger.records[key] = dataclasses.replace(record, rounds=rounds)
+    ledger.canary = [dataclasses.replace(r, origin=origin) for r in ledger.canary]
     return ledger
 
 
@@ -157,7 +158,8 @@ class Children:
         extra = _relabel(done.ledger, child.origin)
         # a test's records join the records of its earlier rounds (a confirmation round brings only its tests)
         self.state.ledger.merge(extra if not only else Ledger(records=extra.records, tests=extra.tests,
-                                                               warnings=extra.warnings), rounds=True)
+                                                               warnings=extra.warnings, canary=extra.canary),
+                                rounds=True)
         return None
 
     def confirm(self, skip: Collection[str] = ()) -> int | None:

@@ -29,14 +29,16 @@ METRIC_STATS = ("median", "mean", "min", "max", "stddev", "iqr", "q1", "q3")
 
 
 def document(ledger: Ledger, machine_info: dict[str, Any], commit_info: dict[str, Any],
-             moeperf: Mapping[str, Any], samples: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
+             moeperf: Mapping[str, Any], samples: Mapping[str, list[float]] | None = None,
+             extra: Sequence[Verdict] = ()) -> dict[str, Any]:
     """The report of ``ledger``; ``moeperf`` adds session facts (fingerprint, host, update) beside the ledger.
     ``samples``: each metric's ``stats.data`` when it is not every round's samples pooled (``moeperf ab``: the head
-    side's process medians, which its verdicts summarise)."""
+    side's process medians, which its verdicts summarise). ``extra``: entries that are no metric of the ledger, in
+    the same shape (the canary's figures, `judging.machine.canary_verdicts`: the history keeps their series)."""
     contexts = {k: dict(r.metric.context) for k, r in ledger.records.items()}
     if samples is None:
         samples = {k: [x for rnd in r.rounds for x in rnd.samples] for k, r in ledger.records.items()}
-    doc = benchmark_json(ledger.verdicts, contexts, samples, machine_info, commit_info, ledger.sections)
+    doc = benchmark_json([*ledger.verdicts, *extra], contexts, samples, machine_info, commit_info, ledger.sections)
     doc["moeperf"] = {**doc["moeperf"], **ledger.to_json(), **moeperf}
     return doc
 

@@ -208,6 +208,10 @@ OPTIONS: tuple[Option, ...] = (
            "trends of flagged metrics) to PATH", "PATH", Path, None),
     Option("health", "health", "judge each measurement window's health (foreign CPU load, steal, GPU throttling "
            "and other GPU processes); a window that fails is INCONCLUSIVE", "on|off", parse_bool, True),
+    Option("canary", "canary", "read the canary (fixed CPU and GPU workloads no code change touches, about a second "
+           "a reading) before and after each test file's perf tests and beside a test that regressed; store its "
+           "figures with the baselines and the history; a family that moved with a canary that moved beyond its "
+           "stored spread reads INCONCLUSIVE, cause machine", "on|off", parse_bool, True),
     Option("health-foreign-cores", "health_foreign_cores", "the health gate trips when processes outside the "
            "test's process tree keep more than CORES cores busy during the window; auto: 3.5 percent of the CPUs this "
            "process may use, at least 0.07", "CORES|auto", parse_cores, None),
@@ -287,6 +291,7 @@ class Settings:
     benchmark_unit: str = "s"  # "off": pytest-benchmark's results are not adopted (`adoption`)
     #: ``--moeperf-acceptance-lengths``: (speculative tokens or None for all, lengths) per group
     acceptance_lengths: tuple[tuple[int | None, tuple[float, ...]], ...] = ()
+    canary: bool = True
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in

@@ -286,17 +286,25 @@ class BaselineStore:
             return None
         return stats.median(spreads), f"median spread of {len(spreads)} '{name}' cases"
 
-    def run_medians(self, keys: Iterable[str]) -> dict[str, list[tuple[str | None, float]]]:
-        """Each stored metric's runs as (date of its update, median), oldest first; unusable files are left out."""
-        out: dict[str, list[tuple[str | None, float]]] = {}
+    def _entries(self, keys: Iterable[str]) -> Iterator[tuple[str, BaselineEntry]]:
+        """The stored entries of ``keys`` that have one; unusable files are left out."""
         for key in keys:
             try:
                 entry = self.entry(key)
             except BaselineError:
                 continue
             if entry is not None:
-                out[key] = [(r.date, r.median) for r in entry.all_runs]
-        return out
+                yield key, entry
+
+    def run_medians(self, keys: Iterable[str]) -> dict[str, list[tuple[str | None, float]]]:
+        """Each stored metric's runs as (date of its update, median), oldest first; unusable files are left out."""
+        return {key: [(r.date, r.median) for r in entry.all_runs] for key, entry in self._entries(keys)}
+
+    def host_medians(self, keys: Iterable[str]) -> dict[str, tuple[float, ...]]:
+        """Each stored metric's run medians measured on this host (every run when the host is unknown), oldest
+        first: the canary's stored figures (`judging.machine`); unusable files are left out."""
+        return {key: tuple(r.median for r in entry.all_runs if self.host is None or r.host == self.host)
+                for key, entry in self._entries(keys)}
 
     def foreign_hash(self, suite: str, current_hash: str) -> str | None:
         """The fingerprint hash stored in a suite's file when it differs from ``current_hash``; else None."""

@@ -85,6 +85,7 @@ def _world(backend: str, topology: Topology) -> int:
     return min(topology.gpu_count, TP)
 
 
+@pytest.mark.moeperf_family("backend")
 @pytest.mark.parametrize(("backend", "message", "in_quick"), _cases())
 def test_allreduce(backend: str, message: Message, in_quick: bool, ranks: RankPool, perf: Perf,
                    topology: Topology, moeperf_settings: Settings, failed_backends: dict[str, str],

@@ -68,6 +68,7 @@ def _quick_skip(quick: bool, device: str, model: str, m: int) -> None:
         pytest.skip(f"--moeperf-quick: CPU keeps M in {CPU_QUICK_MS}")
 
 
+@pytest.mark.moeperf_family("dtype", "m")  # a box can move its memory-bound M=1 bf16 GEMMs alone
 @pytest.mark.parametrize(("model", "op", "m", "impl"), _cases())
 def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_spec: DeviceSpec,
               model: str, op: str, m: int, impl: str) -> None:

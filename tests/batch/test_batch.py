@@ -202,7 +202,8 @@ def test_update_then_aa_then_budget_on_one_gemm_case(tmp_path: Path) -> None:
     out, baselines = tmp_path / "out", tmp_path / "baselines"
     done = subprocess.run(_batch_argv("kernels", "budget", "--update", "--kernels-k", "router and m1",
                                       "--baselines", str(baselines), "--out", str(out), "--",
-                                      "--moeperf-history", "off", "--moeperf-health", "off"),  # a loaded box
+                                      "--moeperf-history", "off", "--moeperf-health", "off",
+                                      "--moeperf-canary", "off"),  # a loaded box
                           cwd=ROOT, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     steps = _steps(out)
@@ -265,7 +266,7 @@ def test_a_run_whose_deadline_skipped_tests_is_cut_and_names_them(tmp_path: Path
     (project / "suites" / "gemm" / "test_cases.py").write_text(DEADLINE_SUITE)
     (project / "pytest.ini").write_text("[pytest]\n")  # the rootdir, whichever of the paths passed exist
     common = ("kernels", "--root", str(project), "--baselines", str(baselines))
-    pytest_args = ("--", "--moeperf-history", "off", "--moeperf-health", "off")
+    pytest_args = ("--", "--moeperf-history", "off", "--moeperf-health", "off", "--moeperf-canary", "off")
     done = subprocess.run(_batch_argv(*common, "--update", "--no-aa", "--out", str(tmp_path / "update"),
                                       *pytest_args), cwd=project, capture_output=True, text=True,
                           timeout=BATCH_TIMEOUT_S)
@@ -311,7 +312,8 @@ def test_a_later_batch_finds_what_an_earlier_one_left_in_the_servers_cache(tmp_p
     for i in range(2):
         done = subprocess.run(_batch_argv("kernels", "--root", str(project), "--baselines", str(tmp_path / "bl"),
                                           "--update", "--no-aa", "--out", str(tmp_path / f"out{i}"), "--",
-                                          "--moeperf-history", "off", "--moeperf-health", "off"),
+                                          "--moeperf-history", "off", "--moeperf-health", "off",
+                                          "--moeperf-canary", "off"),
                               cwd=project, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S,
                               env={**env, "MOEPERF_TEST_SEEN": str(seen)})
         assert done.returncode == 0, done.stdout + done.stderr
@@ -345,7 +347,7 @@ def test_a_start_the_deadline_did_not_let_begin_is_said_not_cut(tmp_path: Path) 
     done = subprocess.run(_batch_argv("kernels", "--root", str(project), "--baselines", str(tmp_path / "bl"),
                                       "--update", "--no-aa", "--deadline", "62", "--grace", "30", "--out", str(out),
                                       "--", "--moeperf-starts", "3", "--moeperf-history", "off",
-                                      "--moeperf-health", "off"),
+                                      "--moeperf-health", "off", "--moeperf-canary", "off"),
                           cwd=project, capture_output=True, text=True, timeout=BATCH_TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     kernels = _steps(out)["kernels"]

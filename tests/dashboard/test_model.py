@@ -92,3 +92,20 @@ def test_change_points_in_parallel_are_the_serial_ones() -> None:
     series = {i: [100.0] * 10 + [110.0 + (i % 3)] * 10 for i in range(changes.SERIAL_BELOW + 1)}
     assert changes.all_steps(series, jobs=2) == changes.all_steps(series, jobs=1)
     assert all(len(steps) == 1 and steps[0].index == 10 for steps in changes.all_steps(series, jobs=2).values())
+
+
+def test_the_canary_is_the_machine_suite_first_in_the_index_one_family_per_workload() -> None:
+    window = select([stored(i, "a", f"2026-01-01T00:{i:02d}:00") for i in range(3)], last=10)
+    series: model.Series = {}
+    for file, scale in (("suites/gemm/test_gemm.py", 1.0), ("suites/allreduce/test_allreduce.py", 3.0)):
+        key = f"{file}::moeperf_canary::cpu_stream"
+        series[key] = {0: [(i, metric(1000.0 * scale * (1.2 if i == 2 else 1.0))) for i in range(3)]}
+    series["suites/gemm/test_gemm.py::test_gemm[a]::time"] = {0: [(i, metric(10.0)) for i in range(3)]}
+    machine, gemm = model.index_rows(window, series, {})
+    assert (machine["suite"], machine["file"], machine["metric"]) == ("machine", "machine", "cpu_stream")
+    assert [c["case"] for c in machine["cases"]] == ["suites/allreduce/test_allreduce.py", "suites/gemm/test_gemm.py"]
+    assert machine["lanes"][0]["y"] == [1.0, 1.0, 1.2]  # the machine's level: both files' canary moved +20 %
+    assert gemm["suite"] == "gemm"
+    assert model.metric_payload("suites/gemm/test_gemm.py::moeperf_canary::cpu_stream",
+                                series["suites/gemm/test_gemm.py::moeperf_canary::cpu_stream"], {}, window)[
+        "suite"] == "machine"

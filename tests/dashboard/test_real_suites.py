@@ -1,7 +1,8 @@
 """``moeperf dashboard`` over a history of the four real suites (`real_history`: GEMM and all-reduce run here, serving
-and spec decode from the committed 1x H200 reports): every suite on the index, every session of a family with its
-verdict counts, and the metrics whose value is 0 (``failed_rate``, 0 s start-up phases) drawn as 0. A history of two
-of the README's own suite runs, serving included, once crashed the build (``KeyError`` in `model.index_rows`)."""
+and spec decode from the committed 1x H200 reports): every suite on the index, the machine's (the canary's) first,
+every session of a family with its verdict counts, and the metrics whose value is 0 (``failed_rate``, 0 s start-up
+phases) drawn as 0. A history of two of the README's own suite runs, serving included, once crashed the build
+(``KeyError`` in `model.index_rows`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def test_a_history_of_the_real_suites_builds_with_its_zeros(real_suites: tuple[P
     built = guarded(Options(target=str(history), out=out, jobs=1), lambda _: None)
     assert built.shown == built.total == sessions
     rows = payload(out / "index.html")["rows"]
-    assert {r["suite"] for r in rows} == {"gemm", "allreduce", "serving", "specdecode"}
+    assert {r["suite"] for r in rows} == {"machine", "gemm", "allreduce", "serving", "specdecode"}
+    machine = [r for r in rows if r["suite"] == "machine"]  # the canary beside the CPU sessions' test files, first
+    assert rows[:len(machine)] == machine and {r["metric"] for r in machine} == {"cpu_compute", "cpu_stream"}
+    assert all(len(r["cases"]) == 2 for r in machine)  # read beside test_gemm.py and test_allreduce.py
     assert built.families == len(rows) and built.metrics == sum(len(r["cases"]) for r in rows)
     for row in rows:
         for lane in row["lanes"]:  # every session of the lane, with its verdict counts; a level or a gap (None)

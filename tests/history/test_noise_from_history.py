@@ -36,7 +36,7 @@ def _run(pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch
     report = pytester.path / "report.json"
     # a minimum effect named as a policy (5 %): no quiet floor, so sessions within 5 % are accepted
     result = run_moeperf("--moeperf-report", str(report), "--moeperf-confirm", "0", "--moeperf-tolerance", "0.05",
-                         "--moeperf-health", "off",  # the noise model is the subject, not the box's load
+                         "--moeperf-health", "off", "--moeperf-canary", "off",  # the noise model is the subject
                          *args)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     (bench,) = json.loads(report.read_text())["benchmarks"]

@@ -142,7 +142,8 @@ def test_item5_a_changed_slug_is_named_and_fails_under_strict(pytester: pytest.P
                                  "every metric is NEW*"])
     assert run_moeperf("--moeperf-history", "off", "--moeperf-strict").ret == pytest.ExitCode.TESTS_FAILED
     missing_dir = pytester.runpytest("--moeperf-baselines", str(pytester.path / "nowhere"), "-p", "no:cacheprovider",
-                                     "--moeperf-history", "off", "--moeperf-strict", "--moeperf-health", "off")
+                                     "--moeperf-history", "off", "--moeperf-strict", "--moeperf-health", "off",
+                                     "--moeperf-canary", "off")
     missing_dir.stdout.fnmatch_lines(["moeperf: baselines directory */nowhere does not exist: every metric is NEW*"])
     assert missing_dir.ret == pytest.ExitCode.TESTS_FAILED
 
@@ -152,7 +153,7 @@ def test_item9_an_update_that_cannot_write_says_so_once(pytester: pytest.Pyteste
     blocker = pytester.path / "baselines"
     blocker.write_text("a file where the directory should be")
     result = pytester.runpytest("--moeperf-baselines", str(blocker), "-p", "no:cacheprovider", "--moeperf-update",
-                                "--moeperf-history", "off", "--moeperf-health", "off")
+                                "--moeperf-history", "off", "--moeperf-health", "off", "--moeperf-canary", "off")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     # the file is in the way of reading the baselines as much as of writing them: the test fails naming it

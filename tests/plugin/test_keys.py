@@ -53,6 +53,7 @@ def session(pytester: pytest.Pytester, *args: str, baselines: tuple[str, ...] = 
             ) -> pytest.RunResult:
     """A session in the current directory, the baselines option spelled as the user would (with a space)."""
     return pytester.runpytest("test_syn.py", "-p", "no:cacheprovider", "--moeperf-health", "off",
+                              "--moeperf-canary", "off",
                               "--moeperf-history", "off", *baselines, *args)
 
 

@@ -81,7 +81,8 @@ def test_a_report_to_standard_output_goes_there(pytester: pytest.Pytester) -> No
     pytester.makepyfile(test_h=LAT)
     stdout = pytester.path / "stdout"
     stdout.symlink_to("/proc/self/fd/1")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--moeperf-health", "off", "--moeperf-history",
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--moeperf-health", "off",
+                                           "--moeperf-canary", "off", "--moeperf-history",
                                            "off", "--moeperf-baselines", str(pytester.path / "baselines"),
                                            "--moeperf-report", str(stdout), "--moeperf-markdown", str(stdout))
     assert result.ret == pytest.ExitCode.OK, result.stderr.str()

@@ -30,6 +30,23 @@ def _moved(verdicts: list[Verdict], stored: dict | None = None) -> list:  # type
     return [f for f in family_views(verdicts, stored) if f.moved]
 
 
+def test_a_sub_family_of_eight_that_moved_is_a_moved_family_where_its_whole_family_is_not() -> None:
+    bf16 = [_verdict(f"b{i}", 0.12, status=Status.REGRESSED if i == 0 else Status.PASS) for i in range(8)]
+    int4 = [_verdict(f"i{i}", 0.01 * (-1) ** i) for i in range(8)]
+    subfamilies = {v.key: "dtype=bf16" for v in bf16} | {v.key: "dtype=int4" for v in int4}
+    views = family_views([*bf16, *int4], None, subfamilies)
+    assert [(f.subfamily, f.cases, f.moved) for f in views] == [("", 16, False), ("dtype=bf16", 8, True),
+                                                                  ("dtype=int4", 8, False)]
+    (changed,) = in_moved_families({v.key: v for v in [*bf16, *int4]}, views, subfamilies=subfamilies).values()
+    assert changed.key == bf16[0].key and "family time [dtype=bf16] moved +12.0 % (8 of 8 cases)" in changed.reason
+    assert "likely the machine" in changed.reason and changed.status is Status.REGRESSED
+    (section,) = shift_sections(views)
+    assert section.rows[0][0] == "suites/gemm/test_gemm.py [dtype=bf16]"
+    # seven cases one way cannot reach p < 0.01; a sub-family that is its whole family is no second view
+    assert [f.subfamily for f in family_views(bf16[:7] + int4, None, subfamilies)] == ["", "dtype=int4"]
+    assert [f.subfamily for f in family_views(bf16, None, subfamilies)] == [""]
+
+
 def test_a_family_that_moved_together_is_found_with_its_relative_outlier() -> None:
     moved = [_verdict(f"c{i}", -0.20 + 0.01 * (i % 3)) for i in range(9)]
     odd = _verdict("odd", -0.02)  # inside its 5 % in absolute terms, +22 % against the family's -20 %

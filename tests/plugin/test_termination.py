@@ -71,7 +71,8 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int], Path]:
     pids = tmp_path / "pids"
     parent = subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_slow.py", *PLUGIN, "-p", "no:cacheprovider", "--moeperf-rounds", "2",
-         "--moeperf-health", "off", "--moeperf-history", "off", "--moeperf-baselines", str(tmp_path / "b")],
+         "--moeperf-health", "off",
+         "--moeperf-canary", "off", "--moeperf-history", "off", "--moeperf-baselines", str(tmp_path / "b")],
         cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp), "PIDS": str(pids)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     end = time.monotonic() + 120
