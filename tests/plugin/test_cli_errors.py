@@ -226,7 +226,7 @@ def test_history_targets_that_are_no_database(capsys: pytest.CaptureFixture[str]
     assert f"{files / 'folder'} is a directory, not a history database" in failed(
         capsys, "history", "--db", str(files / "folder"))
     assert "not mysql://" in failed(capsys, "history", "--db", "mysql://u:pw@host/db")
-    assert "cannot migrate history" in failed(capsys, "trend", "x", "--db", str(files / "plain.txt"))
+    assert "cannot read history" in failed(capsys, "trend", "x", "--db", str(files / "plain.txt"))
 
 
 @pytest.mark.parametrize(("args", "message"), [
