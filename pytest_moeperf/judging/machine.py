@@ -4,7 +4,9 @@ IMPROVED and REGRESSED verdicts does its move explain?
 1. **The canary moved** (`CanaryMove.moved`): beside a test file, a workload's figure this session (the median
    over its rounds of each round's pooled median) differs from the median of this host's stored figures (at least
    `MIN_FIGURES`: one per stored round) by more than ``max(K x their spread, MIN_MOVE)`` and lies beyond every one
-   of them on that side (MongoDB's rule: a canary outlier).
+   of them on that side (MongoDB's rule: a canary outlier). While this host has fewer figures, every other host's
+   stand in (`machine_judge`): a fresh CI machine judged against baselines recorded elsewhere is a machine unlike
+   the one that recorded them, which is what the canary is there to see.
 2. **A family matches it** (`Match`): the cases of the verdict's sub-family (`ledger.SUBFAMILY`: the cases of a test
    that share the context values its ``moeperf_family`` marker names, e.g. GEMM dtype x M), or of its whole family
    (one test file, one metric name) when the sub-family has fewer than `MIN_CASES` judged cases, moved with the
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_moeperf.judging import stats
@@ -59,6 +61,8 @@ class CanaryMove:
     rounds: tuple[float, ...]  # each round's figure (the median of its pooled samples)
     samples: tuple[float, ...]  # every sample of the session
     stored: tuple[float, ...] = ()  # this host's stored figures, oldest first
+    #: whose figures ``stored`` are: "this host", or "other hosts" while this one has fewer than `MIN_FIGURES`
+    source: str = "this host"
 
     @property
     def reference(self) -> float | None:
@@ -93,7 +97,7 @@ class CanaryMove:
         if self.reference is None or self.change is None:
             return f"canary {self.workload} beside {self.file}: {self.current:.4g} {UNIT}, {self.state}"
         return (f"canary {self.workload} beside {self.file} {_pct(self.change)} ({self.current:.4g} {UNIT} against "
-                f"{self.reference:.4g} {UNIT} over {len(self.stored)} stored runs, spread "
+                f"{self.reference:.4g} {UNIT} over {len(self.stored)} stored runs of {self.source}, spread "
                 f"{100 * (self.spread or 0.0):.1f} %, allowed {100 * self.allowed:.1f} %)")
 
 
@@ -131,8 +135,10 @@ def figure(readings: Sequence[Reading]) -> tuple[float, tuple[float, ...]]:
     return stats.median(rounds), rounds
 
 
-def canary_moves(readings: Sequence[Reading], stored: Mapping[str, Sequence[float]]) -> list[CanaryMove]:
-    """Each (test file, workload) read this session, against its stored figures (by `Reading.key`)."""
+def canary_moves(readings: Sequence[Reading], stored: Mapping[str, Sequence[float]],
+                 borrowed: Collection[str] = ()) -> list[CanaryMove]:
+    """Each (test file, workload) read this session, against its stored figures (by `Reading.key`; those of the
+    keys in ``borrowed`` are other hosts')."""
     grouped: dict[tuple[str, str], list[Reading]] = {}
     for reading in readings:
         grouped.setdefault((reading.file, reading.workload), []).append(reading)
@@ -140,7 +146,8 @@ def canary_moves(readings: Sequence[Reading], stored: Mapping[str, Sequence[floa
     for (file, workload), found in sorted(grouped.items()):
         current, rounds = figure(found)
         moves.append(CanaryMove(file, workload, current, rounds, tuple(x for r in found for x in r.samples),
-                                tuple(stored.get(found[0].key, ()))))
+                                tuple(stored.get(found[0].key, ())),
+                                "other hosts" if found[0].key in borrowed else "this host"))
     return moves
 
 

@@ -25,8 +25,17 @@ class MachineJudge:
         """Each record's sub-family (`ledger.SUBFAMILY`; "" when its test names none)."""
         return {k: str(r.metric.context.get(SUBFAMILY) or "") for k, r in self.ledger.records.items()}
 
+    def _stored(self, keys: set[str]) -> tuple[dict[str, tuple[float, ...]], set[str]]:
+        """The canary's stored figures by key: this host's, or, while it has fewer than `machine.MIN_FIGURES`, every
+        other host's (a fresh CI machine judged against baselines recorded elsewhere: a machine unlike the one that
+        recorded is what the canary is there to see); and the keys whose figures are other hosts'."""
+        mine, others = self.store.host_medians(keys), self.store.host_medians(keys, others=True)
+        borrowed = {k for k in keys if len(mine.get(k, ())) < machine.MIN_FIGURES and others.get(k)}
+        return {k: others[k] if k in borrowed else mine.get(k, ()) for k in keys}, borrowed
+
     def _moves(self, readings: list[Reading]) -> list[machine.CanaryMove]:
-        return machine.canary_moves(readings, self.store.host_medians({r.key for r in readings}))
+        stored, borrowed = self._stored({r.key for r in readings})
+        return machine.canary_moves(readings, stored, borrowed)
 
     def slower(self, key: str) -> bool:
         """Whether the canary beside ``key``'s test file, read again beside its test, moved slower than its stored
@@ -34,7 +43,7 @@ class MachineJudge:
         file, test, canary = key.split("::", 1)[0], key.rsplit("::", 1)[0], self.canary
         if canary is None:
             return False
-        if not any(self.store.host_medians({r.key for r in self.ledger.canary + canary.pending if r.file == file})
+        if not any(self._stored({r.key for r in self.ledger.canary + canary.pending if r.file == file})[0]
                    .values()):
             return False  # nothing to compare with: the canary is not read for nothing
         if test not in self.flagged:

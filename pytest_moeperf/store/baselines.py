@@ -300,11 +300,14 @@ class BaselineStore:
         """Each stored metric's runs as (date of its update, median), oldest first; unusable files are left out."""
         return {key: [(r.date, r.median) for r in entry.all_runs] for key, entry in self._entries(keys)}
 
-    def host_medians(self, keys: Iterable[str]) -> dict[str, tuple[float, ...]]:
+    def host_medians(self, keys: Iterable[str], others: bool = False) -> dict[str, tuple[float, ...]]:
         """Each stored metric's run medians measured on this host (every run when the host is unknown), oldest
-        first: the canary's stored figures (`judging.machine`); unusable files are left out."""
-        return {key: tuple(r.median for r in entry.all_runs if self.host is None or r.host == self.host)
-                for key, entry in self._entries(keys)}
+        first: the canary's stored figures (`judging.machine`); with ``others``, those of every other host instead.
+        Unusable files are left out."""
+        def wanted(host: str | None) -> bool:
+            return (host != self.host) if others else (self.host is None or host == self.host)
+
+        return {key: tuple(r.median for r in entry.all_runs if wanted(r.host)) for key, entry in self._entries(keys)}
 
     def foreign_hash(self, suite: str, current_hash: str) -> str | None:
         """The fingerprint hash stored in a suite's file when it differs from ``current_hash``; else None."""

@@ -336,3 +336,25 @@ def test_a_broken_workload_is_dropped_and_named_never_failing_a_test() -> None:
     assert canary.problems == ["canary workload gpu_gemm dropped: RuntimeError: no GPU after all"]
     assert [r.workload for r in canary.read("t.py", "after")] == ["fixed"]
     assert len(canary.problems) == 1
+
+
+def test_a_fresh_host_reads_its_canary_against_the_hosts_that_recorded(pytester: pytest.Pytester, run_moeperf,  # type: ignore[no-untyped-def]
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CI machine that recorded nothing: its metrics are judged against the hosts that recorded them, and so is its
+    canary (this host has no figures of its own), so a sub-family slower in step with the canary is the machine (it
+    read REGRESSED: the canary stayed learning), and the same sub-family slower alone is still REGRESSED."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sub=SUBFAMILIES.format(mark='@pytest.mark.moeperf_family("dtype")'))
+    for host, jitter in (("rec-a", "0"), ("rec-b", "0.002"), ("rec-c", "-0.002")):
+        monkeypatch.setenv("JITTER", jitter)
+        assert run_moeperf("--moeperf-canary", "on", "--moeperf-update", "--moeperf-history", "off",
+                           "--moeperf-host-id", host).ret == 0
+    monkeypatch.setenv("JITTER", "0")
+    moved = _judge(run_moeperf, CANARY="1.15", FAMILY="1.15", PYTEST_ADDOPTS="--moeperf-host-id ci")
+    assert moved.ret == pytest.ExitCode.OK, moved.stdout.str()
+    verdicts = _verdicts(pytester.path / "r.json")
+    assert {v["cause"] for k, v in verdicts.items() if "bf16" in k} == {Cause.MACHINE}
+    assert "over 3 stored runs of other hosts" in verdicts["test_sub.py::test_gemm[bf16-0]::time"]["reason"]
+    alone = _judge(run_moeperf, FAMILY="1.15", PYTEST_ADDOPTS="--moeperf-host-id ci")
+    assert alone.ret == pytest.ExitCode.TESTS_FAILED
+    assert {v["verdict"] for k, v in _verdicts(pytester.path / "r.json").items() if "bf16" in k} == {"REGRESSED"}
