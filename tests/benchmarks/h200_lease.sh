@@ -29,7 +29,8 @@
 #            c=16 decode windows (--moeperf-quick), the speed-ups and the break-even acceptance, one start of them
 #            all (servers one at a time), stored in $SBL (default .moeperf/spec-baselines)
 #
-# Env: OUT (required), LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7), BL (the baselines
+# Env: OUT (required), WREQ (levels, spec: --moeperf-window-requests; with --moeperf-quick the plateau is half of it),
+# LIMIT (seconds this step may take, default 560), PAIRS (ab, default 7), BL (the baselines
 # record and judge use, default .moeperf/lease-baselines: a copy of baselines/ made by the first step that needs it,
 # git-ignored, so it lasts between the calls of one lease; the tracked baselines/ is sent afresh with every call).
 # The lease's steps are chained within ~30 s of each other (the machine goes back when idle), so each is one line.
@@ -106,7 +107,7 @@ levels)
   LBL=${LBL:-$ROOT/.moeperf/levels-baselines}
   args=(serving --serving-k "${LEVELS_K:-gpu-kimi-rank-tp1-nospec and (startup or closed_loop)}"
         --deadline "$((LIMIT - 25))" --grace 30 --baselines "$LBL" --out "$W/batch")
-  export PYTEST_ADDOPTS="--moeperf-tolerance 0.025 --moeperf-quick${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+  export PYTEST_ADDOPTS="--moeperf-tolerance 0.025 --moeperf-quick${WREQ:+ --moeperf-window-requests $WREQ}${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
   case ${PHASE:-record} in
   record) args+=(--update --no-aa); PYTEST_ADDOPTS+=" --moeperf-starts ${STARTS:-3} --moeperf-windows ${WINDOWS:-2}" ;;
   ab) export PYTHONPATH=$PYTHONPATH:$ROOT/tests/benchmarks
@@ -127,7 +128,7 @@ spec)
   python3 tests/benchmarks/rank_spec_configs.py > "$W/configs.txt" 2>&1; echo "configs: exit $?"; tail -3 "$W/configs.txt"
   args=(serving --serving-k "gpu-kimi-rank-tp1 and (test_decode or test_speedup or test_break_even) and (nospec or ${DRAFTER:-mtp-k3})"
         --deadline "$((LIMIT - 25))" --grace 40 --baselines "$SBL" --out "$W/batch" --update --no-aa)
-  export PYTEST_ADDOPTS="--moeperf-quick --moeperf-starts 1 --moeperf-acceptance-lengths ${LENGTHS:-k3=1.5,2.2}${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+  export PYTEST_ADDOPTS="--moeperf-quick --moeperf-starts 1 --moeperf-acceptance-lengths ${LENGTHS:-k3=1.5,2.2}${WREQ:+ --moeperf-window-requests $WREQ}${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
   echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS" | tee -a "$W/facts.txt"
   timeout -s INT -k 20 "$LIMIT" python3 -m pytest_moeperf.cli batch "${args[@]}"
   echo "batch exit $?"
