@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_moeperf.history.noise import HistoryNoise
 from pytest_moeperf.judging.judge import Judge
-from pytest_moeperf.judging.levels import components, levels_section
+from pytest_moeperf.judging.levels import levels_section, of_reference
 from pytest_moeperf.judging.machine_judge import MachineJudge
 from pytest_moeperf.judging.shift import (
     Family,
@@ -189,7 +189,7 @@ class Conclusion:
             except BaselineError:
                 continue
             ref = entry.reference(self.store.host) if entry is not None else None
-            levels = components(ref.windows) if ref is not None and ref.other_hosts is None else None
+            levels = of_reference(ref)
             if levels is not None:
                 found.append((key, levels))
         section = levels_section(found)

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -186,6 +187,7 @@ def main_batch(argv: Sequence[str] | None = None) -> int:
                 continue
             run_unit(batch, ctx, unit, units[i:])
         if options.update and any(isinstance(u, planning.PytestRun) and u.update for u in units):
+            batch.note(_keep_baselines(ctx.baselines, facts.fingerprint, out))
             if not _in_git(ctx.baselines):  # the diff compares with what git holds: nothing to compare with
                 batch.note(f"moeperf baselines diff: skipped: {ctx.baselines} is not inside a git checkout "
                            "(nothing committed to compare the update with)")
@@ -206,6 +208,16 @@ def main_batch(argv: Sequence[str] | None = None) -> int:
         indent=2, sort_keys=True) + "\n")
     batch.note(f"done: exit {code}; " + ", ".join(f"{r.name} {r.status}" for r in batch.results))
     return code
+
+
+def _keep_baselines(baselines: Path, fingerprint: str, out: Path) -> str:
+    """Copy this fingerprint's baselines, as the update left them, into the batch's outputs: on a lent or
+    self-hosted runner the outputs folder is what comes back, and a record must not stay behind on the machine."""
+    source, kept = baselines / fingerprint, out / "baselines" / fingerprint
+    if not source.is_dir():
+        return f"baselines: nothing written under {source} to keep"
+    shutil.copytree(source, kept, dirs_exist_ok=True)
+    return f"baselines: {source} copied to {kept} (commit them from there if this machine is not the checkout's)"
 
 
 def _in_git(path: Path) -> bool:

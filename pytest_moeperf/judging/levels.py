@@ -12,9 +12,11 @@ starts),
 
 T_s^2 <= 0 means a start adds nothing beyond its windows: one start is enough, and its windows behave as
 independent observations. **The unit of a verdict** follows: windows when the stored runs of this host, at least
-`MIN_STARTS` starts of at least 2 windows each, show T_s^2 <= 0 (their window medians are then the reference's runs,
-and the current windows its rounds); otherwise the start, with its windows pooled into one round, as before. Windows
-of one start are never taken as independent unless the stored starts say they behave so.
+`MIN_STARTS` starts of at least 2 windows each from at least `MIN_SITTINGS` sittings (`store.entries.sittings`),
+show T_s^2 <= 0 (their window medians are then the reference's runs, and the current windows its rounds); otherwise
+the start, with its windows pooled into one round, as before. Windows of one start are never taken as independent
+unless the stored starts say they behave so, and starts of one sitting cannot say it: they share that hour's machine,
+which a later session does not (the sitting is a level above the start that one sitting never samples).
 
 **Repetitions per level** (Kalibera & Jones, eq. 7): windows per start r = ceil(sqrt((c_start / c_window) * T_w^2 /
 T_s^2)), c the cost of one repetition of the level; the starts are what the rank test needs against the stored
@@ -37,6 +39,11 @@ from pytest_moeperf.ledger import Round, Section
 #: the fewest stored starts (each of 2 or more windows) that may show a start adds nothing: with 2, the start
 #: level's variance has one degree of freedom
 MIN_STARTS = 3
+#: the fewest sittings those starts must come from. Measured on the 2-core CPU box (2026-12-05, cpu-tiny-nospec,
+#: c=4): 3 starts of one sitting showed the start adding nothing (start's own rCV <= 0, window's 3.2 %), yet the next
+#: sitting's engine TPOT read +13.9 % and the one before -10.7 %; judged on that one sitting's windows, an A/A read
+#: client TPOT +17.9 % and ITL p90 +23.1 % REGRESSED
+MIN_SITTINGS = 2
 WINDOW, START = "window", "start"
 
 
@@ -49,6 +56,7 @@ class Components:
     mean: float
     window_var: float  # T_w^2
     start_var: float  # T_s^2: may be <= 0 (a start adds nothing beyond its windows)
+    sittings: int = 1  # the sittings the starts come from
 
     @property
     def start_adds_nothing(self) -> bool:
@@ -56,8 +64,10 @@ class Components:
 
     @property
     def unit(self) -> str:
-        """What a verdict is decided on: windows when at least `MIN_STARTS` starts show the start adds nothing."""
-        return WINDOW if self.starts >= MIN_STARTS and self.start_adds_nothing else START
+        """What a verdict is decided on: windows when at least `MIN_STARTS` starts of at least `MIN_SITTINGS`
+        sittings show the start adds nothing."""
+        return (WINDOW if self.starts >= MIN_STARTS and self.sittings >= MIN_SITTINGS and self.start_adds_nothing
+                else START)
 
     def rcv(self, level: str) -> float:
         """A level's own standard deviation relative to the mean (0 for a level that adds nothing)."""
@@ -66,12 +76,14 @@ class Components:
 
     def describe(self) -> str:
         start = "<= 0" if self.start_adds_nothing else f"{self.rcv(START) * 100:.2f} %"
-        return (f"{self.starts} stored starts, {self.windows} windows: start's own rCV {start}, window's "
-                f"{self.rcv(WINDOW) * 100:.2f} %")
+        sittings = "1 sitting" if self.sittings == 1 else f"{self.sittings} sittings"
+        return (f"{self.starts} stored starts in {sittings}, {self.windows} windows: start's own rCV {start}, "
+                f"window's {self.rcv(WINDOW) * 100:.2f} %")
 
 
-def components(groups: Sequence[Sequence[float]]) -> Components | None:
-    """The components of window medians grouped by start (None: fewer than 2 starts, or no start with 2 windows)."""
+def components(groups: Sequence[Sequence[float]], sittings: int = 1) -> Components | None:
+    """The components of window medians grouped by start, from ``sittings`` sittings (None: fewer than 2 starts, or
+    no start with 2 windows)."""
     groups = [list(g) for g in groups if g]
     n = len(groups)
     total = sum(len(g) for g in groups)
@@ -82,7 +94,14 @@ def components(groups: Sequence[Sequence[float]]) -> Components | None:
     within = sum((y - m) ** 2 for g, m in zip(groups, means, strict=True) for y in g) / (total - n)
     between = sum(len(g) * (m - grand) ** 2 for g, m in zip(groups, means, strict=True)) / (n - 1)
     r0 = (total - sum(len(g) ** 2 for g in groups) / total) / (n - 1)
-    return Components(n, total, grand, within, (between - within) / r0)
+    return Components(n, total, grand, within, (between - within) / r0, sittings)
+
+
+def of_reference(reference: Reference | None) -> Components | None:
+    """The components of this host's stored starts in ``reference`` (None: none kept apart, or other hosts' runs)."""
+    if reference is None or reference.other_hosts is not None:
+        return None
+    return components(reference.windows, reference.window_sittings)
 
 
 def starts_of(rounds: Sequence[Round]) -> list[list[Round]]:
@@ -113,15 +132,15 @@ def judged_units(rounds: Sequence[Round], reference: Reference | None) -> Units:
         return Units(plain, reference)
     groups = starts_of(rounds)
     count = f"{len(groups)} start(s), {len(rounds)} window(s)"
-    found = components(reference.windows) if reference is not None and reference.other_hosts is None else None
+    found = of_reference(reference)
     if reference is not None and found is not None and found.unit == WINDOW:
         stored = tuple(w for run in reference.windows for w in run)
         at_windows = dataclasses.replace(reference, run_medians=stored, windows=())
         return Units(plain, at_windows, f"{count}; windows are the unit: {found.describe()}", len(groups),
                      len(rounds))
     why = found.describe() if found is not None else (
-        f"no stored runs of this host with windows apart (fewer than {MIN_STARTS} starts of 2+ windows teach "
-        "no level)")
+        f"no stored runs of this host with windows apart (fewer than {MIN_STARTS} starts of 2+ windows in "
+        f"{MIN_SITTINGS} sittings teach no level)")
     pooled = tuple(tuple(x for r in g for x in r.samples) for g in groups)
     return Units(pooled, reference, f"{count}; starts are the unit: {why}", len(groups), len(rounds))
 
@@ -208,8 +227,9 @@ def levels_section(found: Sequence[tuple[str, Components]]) -> Section | None:
     return Section(LEVELS_TITLE, ("metric", "stored starts", "windows", "start's own rCV", "window's own rCV",
                                   "unit of the verdict"), rows,
                    note=f"variance components of the stored window medians (Kalibera & Jones): windows are the unit "
-                        f"where at least {MIN_STARTS} starts show the start adds nothing (its own variance <= 0)")
+                        f"where at least {MIN_STARTS} starts from {MIN_SITTINGS} or more sittings show the start adds "
+                        "nothing (its own variance <= 0)")
 
 
-__all__ = ["MIN_STARTS", "START", "WINDOW", "Components", "Plan", "Planned", "Units", "components", "judged_units",
-           "levels_section", "plan", "starts_of", "windows_per_start"]
+__all__ = ["MIN_SITTINGS", "MIN_STARTS", "START", "WINDOW", "Components", "Plan", "Planned", "Units", "components", "judged_units",
+           "levels_section", "of_reference", "plan", "starts_of", "windows_per_start"]

@@ -76,6 +76,8 @@ class Reference:
     #: per stored run of this host, the medians of the windows it pooled (a server start measured in several
     #: windows: `levels`); () for a run of one window
     windows: tuple[tuple[float, ...], ...] = ()
+    #: how many sittings the runs with windows came from (`judging.levels`: one sitting cannot show what a start adds)
+    window_sittings: int = 1
 
     def __post_init__(self) -> None:
         if not self.run_medians:

@@ -35,7 +35,7 @@ import pytest
 
 from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.judging import stats
-from pytest_moeperf.judging.levels import Plan, Planned, components, plan
+from pytest_moeperf.judging.levels import Plan, Planned, of_reference, plan
 from pytest_moeperf.processes.rounds import Child, Children, deadline_at, judge_all, line, starts_ended
 from pytest_moeperf.processes.windows import Windows
 from pytest_moeperf.settings import Settings, starts_of
@@ -74,7 +74,7 @@ def planned(state: Conclusion, tests: Sequence[str], budget_s: float | None) -> 
         costs: list[float] = []
         for entry in entries:
             ref = entry.reference(store.host)
-            found = components(ref.windows) if ref.other_hosts is None else None
+            found = of_reference(ref)
             metrics.append(Planned(entry.key, found, ref.runs))
             for name, into in (("window_s", costs), ("start_s", start_s)):
                 value = entry.context.get(name)

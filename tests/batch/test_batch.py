@@ -221,6 +221,11 @@ def test_update_then_aa_then_budget_on_one_gemm_case(tmp_path: Path) -> None:
     # the baselines sit outside any git checkout: the diff (against what git holds) is skipped, saying why
     assert f"moeperf baselines diff: skipped: {baselines} is not inside a git checkout" in summary, summary
     assert "done: exit 0" in summary
+    # what the update wrote travels with the outputs (a lent machine's checkout does not come back)
+    (slug,) = [p.name for p in baselines.iterdir() if p.is_dir()]
+    kept = out / "baselines" / slug / "test_gemm.json"
+    assert kept.read_text() == (baselines / slug / "test_gemm.json").read_text()
+    assert f"copied to {out / 'baselines' / slug}" in summary
 
 
 def test_an_attribution_whose_server_does_not_start_fails_that_step_with_the_reason(tmp_path: Path) -> None:

@@ -37,15 +37,22 @@ def test_components_of_a_balanced_data_set_match_kalibera_and_jones() -> None:
 
 
 def test_a_start_that_adds_nothing_makes_windows_the_unit() -> None:
-    found = components([[10, 14], [11, 13], [12, 12]])  # every start's mean is 12: all the spread is the window's
+    found = components([[10, 14], [11, 13], [12, 12]], sittings=2)  # every start's mean is 12: the window's spread
     assert found is not None and found.start_var < 0 and found.start_adds_nothing
     assert found.unit == WINDOW
     assert found.rcv(START) == 0.0
-    assert "start's own rCV <= 0" in found.describe()
+    assert "3 stored starts in 2 sittings, 6 windows: start's own rCV <= 0" in found.describe()
+
+
+def test_starts_of_one_sitting_never_make_windows_the_unit() -> None:
+    # they share that hour's machine: what a later sitting adds is a level they never sampled
+    found = components([[10, 14], [11, 13], [12, 12]])
+    assert found is not None and found.start_adds_nothing and found.sittings == 1
+    assert found.unit == START
 
 
 def test_two_starts_never_make_windows_the_unit() -> None:
-    found = components([[10, 14], [12, 12]])
+    found = components([[10, 14], [12, 12]], sittings=2)
     assert found is not None and found.start_adds_nothing and found.unit == START
 
 
@@ -76,7 +83,7 @@ def test_windows_per_start_follow_the_cost_ratio() -> None:
 
 
 def test_the_plan_takes_one_start_where_windows_are_the_unit() -> None:
-    window_unit = Components(3, 9, 7.0, window_var=0.01, start_var=-0.001)
+    window_unit = Components(3, 9, 7.0, window_var=0.01, start_var=-0.001, sittings=2)
     start_unit = Components(3, 9, 7.0, window_var=0.01, start_var=0.04)
     one = plan([Planned("tpot_ms", window_unit, 3)], start_s=60.0, window_s=30.0)
     assert one is not None and (one.starts, one.windows) == (1, 2)  # 2 windows against 9 stored: p = 1/55
@@ -106,7 +113,8 @@ def window(origin: str, k: int, *values: float) -> Round:
 
 def test_windows_are_judged_alone_only_where_the_stored_starts_show_nothing_between_them() -> None:
     rounds = [window("start 1/1", 1, 2.2, 2.21), window("start 1/1", 2, 2.19, 2.2)]
-    flat = Reference((2.0, 2.0, 2.0), windows=((1.98, 2.0, 2.02), (1.99, 2.0, 2.01), (2.02, 2.0, 1.98)))
+    flat = Reference((2.0, 2.0, 2.0), windows=((1.98, 2.0, 2.02), (1.99, 2.0, 2.01), (2.02, 2.0, 1.98)),
+                     window_sittings=2)
     units = judged_units(rounds, flat)
     assert units.rounds == ((2.2, 2.21), (2.19, 2.2))
     assert units.reference is not None and units.reference.runs == 9
@@ -117,6 +125,8 @@ def test_windows_are_judged_alone_only_where_the_stored_starts_show_nothing_betw
     assert "starts are the unit" in units.note
     other_host = Reference((2.0,) * 3, windows=flat.windows, other_hosts="3 other hosts")
     assert "starts are the unit" in judged_units(rounds, other_host).note
+    one_sitting = Reference((2.0,) * 3, windows=flat.windows)
+    assert "starts are the unit: 3 stored starts in 1 sitting" in judged_units(rounds, one_sitting).note
     plain = [Round((1.0,), "call"), Round((1.1,), "confirm 1")]
     assert judged_units(plain, flat).rounds == ((1.0,), (1.1,)) and judged_units(plain, flat).note == ""
 
@@ -183,12 +193,21 @@ def test_one_start_of_windows_decides_where_starts_add_nothing(nested: pytest.Py
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     record_starts(run_moeperf, monkeypatch, (1.0, 1.0, 1.0))
     assert len(stored_runs(nested)) == 3
+    one_sitting = run_moeperf()  # seconds apart: one sitting, which cannot show what a start adds
+    one_sitting.stdout.fnmatch_lines(["*plan from the stored runs' variance per level: * start(s) x * window(s)*",
+                                      "  starts are the unit of 1 metric(s): test_nested.py::test_window::tpot_ms"])
+    (path,) = (nested.path / "baselines").glob("*/test_nested.json")
+    stored = json.loads(path.read_text())
+    for k, run in enumerate(stored["metrics"]["test_nested.py::test_window::tpot_ms"]["runs"]):
+        run["date"] = f"2026-12-01T{17 + 2 * k}:00:00+00:00"  # as if recorded 2 hours apart: 3 sittings
+    path.write_text(json.dumps(stored))
     monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.1")
     result = run_moeperf("-rA")  # starts and windows auto: planned from the stored runs
     result.stdout.fnmatch_lines([
         "moeperf: plan from the stored runs' variance per level: 1 start(s) x 2 window(s) a test, ~6 s*",
         "  windows are the unit of 1 metric(s): test_nested.py::test_window::tpot_ms",
-        "*tpot_ms*+9.5 %*windows are the unit: 3 stored starts, 9 windows: start's own rCV <= 0*REGRESSED*",
+        "*tpot_ms*+1?.? %*windows are the unit: 3 stored starts in 3 sittings, 9 windows: start's own rCV <= 0*"
+        "REGRESSED*",
     ])
     result.stdout.fnmatch_lines(["moeperf: 2 windows on up to 1 server start a test; 0 set aside*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -204,7 +223,7 @@ def test_windows_of_one_start_do_not_decide_where_starts_vary(nested: pytest.Pyt
     monkeypatch.setenv("MOEPERF_TEST_SCALE", "1.15")
     result = run_moeperf("--moeperf-starts", "1", "--moeperf-windows", "3", "-rA")
     result.stdout.fnmatch_lines([
-        "*tpot_ms*starts are the unit: 3 stored starts, 9 windows*INCONCLUSIVE*",
+        "*tpot_ms*starts are the unit: 3 stored starts in 1 sitting, 9 windows*INCONCLUSIVE*",
         "*1 round(s) against 3 stored runs cannot reach p < 0.05*",
     ])
     assert result.ret == pytest.ExitCode.OK
