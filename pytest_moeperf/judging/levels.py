@@ -231,5 +231,5 @@ def levels_section(found: Sequence[tuple[str, Components]]) -> Section | None:
                         "nothing (its own variance <= 0)")
 
 
-__all__ = ["MIN_SITTINGS", "MIN_STARTS", "START", "WINDOW", "Components", "Plan", "Planned", "Units", "components", "judged_units",
-           "levels_section", "of_reference", "plan", "starts_of", "windows_per_start"]
+__all__ = ["MIN_SITTINGS", "MIN_STARTS", "START", "WINDOW", "Components", "Plan", "Planned", "Units", "components",
+           "judged_units", "levels_section", "of_reference", "plan", "starts_of", "windows_per_start"]

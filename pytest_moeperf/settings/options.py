@@ -185,8 +185,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("windows", "windows", "measurement windows of each test that measures a start, on that one start (the "
            "level below the start: each window one round, kept apart in the stored run); auto: planned with "
            "--moeperf-starts auto from the stored starts' variance per level (windows are the unit of a verdict only "
-           "where the stored starts, of 2 or more sittings, show a start adds nothing beyond its windows), else 1", "W|auto", parse_starts,
-           None),
+           "where the stored starts, of 2 or more sittings, show a start adds nothing beyond its windows), else 1",
+           "W|auto", parse_starts, None),
     Option("confirm", "confirm", "the confirmation budget: re-run a test whose metric crosses its threshold up to R "
            "times, while more rounds can still decide it (against 3 stored runs a rank test needs 4 rounds), then "
            "judge it on all its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R",

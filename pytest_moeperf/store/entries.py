@@ -236,9 +236,9 @@ class BaselineEntry:
         groups = self.hosts()
         others = len(groups) - (1 if mine else 0)
         if len(mine) >= MIN_RUNS_FOR_SPREAD or (mine and len(groups) < MIN_HOSTS_FOR_SPREAD):
+            nested = [r for r in mine if r.windows]
             return Reference(tuple(r.median for r in mine), _within_rel_iqr(mine), sittings=sittings(mine),
-                             windows=tuple(r.windows for r in mine if r.windows),
-                             window_sittings=sittings([r for r in mine if r.windows]))
+                             windows=tuple(r.windows for r in nested), window_sittings=sittings(nested))
         medians = tuple(stats.median([r.median for r in g]) for g in groups.values())
         spread = stats.relative_spread(medians) if len(groups) >= MIN_HOSTS_FOR_SPREAD else None
         label = f"{others} other host{'s' if others != 1 else ''}"
