@@ -16,6 +16,7 @@ from pytest_moeperf.conclude import Conclusion
 from pytest_moeperf.ledger import DEADLINE_SKIP, SKIPPED, HealthReport
 from pytest_moeperf.machine.markers import MarkerError, family_keys
 from pytest_moeperf.perf import Perf
+from pytest_moeperf.processes.confirm import Confirmed
 from pytest_moeperf.settings import Settings
 from pytest_moeperf.store.keys import REPORT_ATTRIBUTE, TestIds
 
@@ -27,8 +28,10 @@ session_key = pytest.StashKey[Conclusion]()
 perf_key = pytest.StashKey[Perf]()
 #: the health gate's report of each round's window of a test item (round index -> report)
 health_key = pytest.StashKey[dict[int, HealthReport]]()
-#: set on an item while a confirmation round of it runs
+#: set on an item while another window of it runs (``--moeperf-windows``)
 confirming_key = pytest.StashKey[bool]()
+#: what an item's confirmation processes measured (`processes.confirm`)
+confirmed_key = pytest.StashKey[Confirmed]()
 #: `time.monotonic()` when the session was configured (``--moeperf-deadline`` counts from it)
 started_key = pytest.StashKey[float]()
 #: undoes the environment an interconnect emulation set

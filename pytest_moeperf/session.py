@@ -1,7 +1,6 @@
-"""`MoePerfSession`: pytest's events adapted to the ledger (its end is `conclude`'s). A test's rounds — its call,
-then confirmation re-runs (the function called again, fixtures kept, up to ``--moeperf-confirm`` times while more
-rounds can decide) — become records at its call report, are judged there (a regression fails *that* test) and
-travel to the controller in the report's ``user_properties`` (pytest-xdist), where the ledger takes them."""
+"""`MoePerfSession`: pytest's events adapted to the ledger (its end is `conclude`'s). A test's rounds (its call, then
+confirmation processes: `processes.confirm`) become records at its call report, are judged there (a regression fails
+*that* test) and travel to the controller in the report's ``user_properties`` (xdist), where the ledger takes them."""
 
 from __future__ import annotations
 
@@ -18,8 +17,18 @@ from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Record, records_of
 from pytest_moeperf.machine.markers import threshold_marker
 from pytest_moeperf.perf import Perf
+from pytest_moeperf.processes.confirm import Confirmation, Confirmed
 from pytest_moeperf.reports import junit
-from pytest_moeperf.runtime import carry_test_id, confirming_key, health_key, perf_key, reported_test_id, skip_reason
+from pytest_moeperf.runtime import (
+    carry_test_id,
+    confirmed_key,
+    confirming_key,
+    health_key,
+    perf_key,
+    reported_test_id,
+    skip_reason,
+    started_key,
+)
 from pytest_moeperf.settings import quiet_floor_of
 from pytest_moeperf.store.entries import BaselineError, software_changes
 
@@ -36,15 +45,10 @@ class MoePerfSession(Conclusion):
 
     def _wants_round(self, item: pytest.Item, perf: Perf) -> bool:
         """Whether another round can settle a metric of this test (a bad baseline or argument cannot be)."""
-        for measured in perf.by_metric().values():
-            rounds = [m for _, m in measured]
-            try:
-                verdict = self.judge.values(rounds[-1], rounds, self._threshold(item, rounds[-1]))
-            except JUDGING_ERRORS:
-                return False
-            if not settled(verdict):
-                return True
-        return False
+        try:
+            return any(not settled(self.judge.judge(record)) for record in self.records(item, perf, True))
+        except JUDGING_ERRORS:
+            return False
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
@@ -53,31 +57,27 @@ class MoePerfSession(Conclusion):
         if (perf is None or not perf.records or self.settings.update or perf.single_round is not None
                 or pyfuncitem.stash.get(confirming_key, False)):
             return result
-        for _ in range(self.settings.confirm):
-            if not self._wants_round(pyfuncitem, perf):
-                break
-            perf.new_round()
-            pyfuncitem.stash[confirming_key] = True
-            try:
-                pyfuncitem.ihook.pytest_pyfunc_call(pyfuncitem=pyfuncitem)
-            finally:
-                pyfuncitem.stash[confirming_key] = False
+        confirmed = pyfuncitem.stash[confirmed_key] = Confirmed()  # `records` reads its rounds from here
+        confirmation: Confirmation = self.__dict__.setdefault("confirmation", Confirmation(
+            self, self.config.stash[started_key]))  # one a session: its scratch folder, what each child took
+        confirmation.run(confirmed, self.ids.of_item(pyfuncitem), self.settings.confirm,
+                         lambda: self._wants_round(pyfuncitem, perf))
         return result
 
     def records(self, item: pytest.Item, perf: Perf, test_passed: bool) -> list[Record]:
-        health = item.stash.get(health_key, {})
+        """The test's records: the rounds of its call in this process, then those of its confirmation processes."""
+        health, extra = item.stash.get(health_key, {}), item.stash.get(confirmed_key, Confirmed()).rounds
         return [Record(measured[-1][1], tuple(perf.round_of(i, name, m.samples, test_passed, health.get(i))
-                                              for i, m in measured),
+                                              for i, m in measured) + tuple(extra.get(name, ())),
                        self._threshold(item, measured[-1][1])) for name, measured in perf.by_metric().items()]
 
-    def _verdict(self, record: Record, perf: Perf) -> Verdict:
+    def _verdict(self, item: pytest.Item, record: Record, perf: Perf) -> Verdict:
         verdict = self.judge.judge(record)
         if perf.single_round is not None:
             why = perf.single_round if perf.round_unit else f"the test is measured once a session: {perf.single_round}"
             return budget_ended(verdict, 0, f"{perf.more_rounds} ({why})")
-        if not self.settings.update and len(perf.rounds) > self.settings.confirm:
-            return budget_ended(verdict, self.settings.confirm, "--moeperf-confirm")
-        return verdict
+        return verdict if self.settings.update else item.stash.get(confirmed_key, Confirmed()).ended(
+            verdict, self.settings.confirm)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
@@ -96,7 +96,7 @@ class MoePerfSession(Conclusion):
             built, broken[str(exc)] = [], None
         for record in built:
             try:
-                verdict = self._verdict(record, perf)
+                verdict = self._verdict(item, record, perf)
             except JUDGING_ERRORS as exc:
                 broken[str(exc)] = None
                 continue

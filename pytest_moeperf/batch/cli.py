@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence

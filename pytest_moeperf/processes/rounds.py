@@ -91,6 +91,7 @@ class Children:
     ran: int = 0  # child rounds run so far
     took: dict[tuple[str, ...], list[float]] = dataclasses.field(default_factory=dict)  # seconds, by ``only``
     windows: int | None = None  # the windows a start a parent planned (``--moeperf-windows auto``)
+    extra_args: tuple[str, ...] = ()  # appended to the session's command line in each child
 
     def begins(self, child: Child, only: Sequence[str] = ()) -> bool:
         """Whether ``child`` can begin: under a deadline, not when a child of the same tests took longer than what
@@ -131,12 +132,27 @@ class Children:
     def run(self, child: Child, only: Sequence[str] = ()) -> int | None:
         """One child round of ``only`` (empty: every test), merged into the ledger; an exit code to end with when
         the child could not measure (crashed, interrupted), else None."""
-        line(f"moeperf: round {child.label} ...")
+        done = self.measure(child, only)
+        if isinstance(done, int):
+            return done
+        # a test's records join the records of its earlier rounds (a confirmation round brings only its tests)
+        self.state.ledger.merge(done if not only else Ledger(records=done.records, tests=done.tests,
+                                                              warnings=done.warnings, canary=done.canary),
+                                rounds=True)
+        return None
+
+    def measure(self, child: Child, only: Sequence[str] = (), quiet: bool = False) -> Ledger | int:
+        """One child round of ``only`` (empty: every test): its ledger, every round named for ``child``; or an exit
+        code to end with when the child could not measure (crashed, interrupted). ``quiet``: no progress lines
+        (a confirmation of one test says what it found itself)."""
+        if not quiet:
+            line(f"moeperf: round {child.label} ...")
         started = time.monotonic()
         config = self.config
         try:
-            done = run_child(config.invocation_params.args, config.invocation_params.dir, self.env(child, only),
-                             sys.executable, echo=line if config.get_verbosity() >= 0 else None)
+            done = run_child([*config.invocation_params.args, *self.extra_args], config.invocation_params.dir,
+                             self.env(child, only),
+                             sys.executable, echo=line if config.get_verbosity() >= 0 and not quiet else None)
         except Terminated:
             line(f"moeperf: terminated (SIGTERM) in round {child.label}: nothing written", red=True)
             return EXIT_TERMINATED
@@ -144,23 +160,20 @@ class Children:
             line(f"moeperf: interrupted in round {child.label}: nothing written", red=True)
             return int(pytest.ExitCode.INTERRUPTED)
         self.took.setdefault(tuple(only), []).append(time.monotonic() - started)
-        line(f"moeperf: round {child.label} ({time.monotonic() - started:.0f} s): {done.last_line}")
+        if not quiet:
+            line(f"moeperf: round {child.label} ({time.monotonic() - started:.0f} s): {done.last_line}")
         for failure in done.failures:
             line(f"  {failure}")
         if not _measured(done):
             sys.stdout.write(done.stdout + done.stderr)
             line(f"moeperf: round {child.label} ended with exit code {done.returncode}"
-                 f"{f' and {done.problem}' if done.problem else ''}: nothing written", red=True)
+                 f"{f' and {done.problem}' if done.problem else ''}"
+                 f"{': its rounds are not counted' if quiet else ': nothing written'}", red=True)
             return done.returncode or int(pytest.ExitCode.INTERNAL_ERROR)
         assert done.ledger is not None
         self.ran += 1
         self.failed_tests |= done.returncode == pytest.ExitCode.TESTS_FAILED
-        extra = _relabel(done.ledger, child.origin)
-        # a test's records join the records of its earlier rounds (a confirmation round brings only its tests)
-        self.state.ledger.merge(extra if not only else Ledger(records=extra.records, tests=extra.tests,
-                                                               warnings=extra.warnings, canary=extra.canary),
-                                rounds=True)
-        return None
+        return _relabel(done.ledger, child.origin)
 
     def confirm(self, skip: Collection[str] = ()) -> int | None:
         """Extra rounds of the tests (but those in ``skip``) that more rounds can still decide, up to

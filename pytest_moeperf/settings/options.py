@@ -187,10 +187,10 @@ OPTIONS: tuple[Option, ...] = (
            "--moeperf-starts auto from the stored starts' variance per level (windows are the unit of a verdict only "
            "where the stored starts, of 2 or more sittings, show a start adds nothing beyond its windows), else 1",
            "W|auto", parse_starts, None),
-    Option("confirm", "confirm", "the confirmation budget: re-run a test whose metric crosses its threshold up to R "
-           "times, while more rounds can still decide it (against 3 stored runs a rank test needs 4 rounds), then "
-           "judge it on all its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R",
-           parse_count, 3),
+    Option("confirm", "confirm", "the confirmation budget: measure a test whose metric crosses its threshold again, "
+           "alone in up to R fresh child sessions (never in its own process, whose re-runs copy its state), while "
+           "more rounds can still decide it (against 3 stored runs a rank test needs 4 rounds), then judge it on all "
+           "its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R", parse_count, 3),
     Option("quiet-floor", "quiet_floor", "the smallest mde of a quiet metric: one whose baseline runs come from this "
            "host in 2 or more sittings (updates an hour or a reboot apart) and whose noise term is below the minimum "
            "effect (unset: 3 %, or 2 % when every metric is measured in 3 or more processes, --moeperf-rounds 3; "
