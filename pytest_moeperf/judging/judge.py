@@ -10,7 +10,7 @@ hook (default `verdict.judge`), handed in as ``decide``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,12 +70,6 @@ class Judge:
             if medians:
                 ref = dataclasses.replace(ref, history_medians=medians)
         return ref
-
-    def values(self, metric: Measurement, rounds: Sequence[Measurement], threshold: Threshold) -> Verdict:
-        """Judge on values alone: ``rounds`` (oldest first) against the baseline."""
-        entry = self.baseline(metric)
-        reference = self.reference(metric, entry) if entry is not None else None
-        return self.decide(metric, tuple(m.samples for m in rounds), reference, threshold)
 
     def judge(self, record: Record) -> Verdict:
         """The verdict of ``record``: on its usable rounds; INCONCLUSIVE with the reasons when none is usable. The
