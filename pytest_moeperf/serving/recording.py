@@ -36,13 +36,15 @@ from pytest_moeperf.serving.analysis.tails import tail_bound, tail_names
 from pytest_moeperf.serving.lifecycle.served import Served, SpecWindow
 from pytest_moeperf.serving.lifecycle.startlog import STAMPED
 from pytest_moeperf.serving.lifecycle.starts import StartInfo
-from pytest_moeperf.serving.load.loadgen import WindowResult
+from pytest_moeperf.serving.load.loadgen import ClosedLoop, WindowResult
 from pytest_moeperf.serving.models.profiles import Tolerances
 
 __all__ = [
     "CLIENT_TIMED",
+    "BATCH_BOUND",
     "FailedRequests",
     "PerfRecorder",
+    "batch_shortfall",
     "check_failures",
     "record_acceptance",
     "record_engine",
@@ -63,6 +65,11 @@ TAIL_PCTS = (90.0, 99.0)
 CLIENT_TIMED = ("ttft_ms", "tpot_ms", "itl_mean_ms", "e2el_ms", "ttft_mean_ms", "tpot_mean_ms", "e2el_mean_ms",
                 "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
                 *tail_names(TAIL_PCTS))
+#: a closed loop of C clients whose engine steps carried fewer than this share of C sequences on average did not load
+#: the server as asked (`batch_shortfall`)
+BATCH_SHARE = 0.75
+#: what the batch a step carries sets: the server's own means and the spec-decode step figures
+BATCH_BOUND = (*ENGINE_METRICS, "engine_step_ms", "tokens_per_step")
 #: queueing below this many ms is not worth failing for: a window at low load queues for microseconds, whose
 #: relative change means nothing
 QUEUE_ABS_MS = 1.0
@@ -267,10 +274,35 @@ def record_window_facts(perf: PerfRecorder, result: SpecWindow, tol: Tolerances)
     reason = drift.reason()
     if reason is not None:
         perf.inconclusive(reason, only=CLIENT_TIMED)
+    shortfall = batch_shortfall(result)
+    if shortfall is not None:
+        perf.context(batch_shortfall=shortfall)
+        perf.inconclusive(shortfall, only=(*CLIENT_TIMED, *BATCH_BOUND))
     if compiles.count:  # the server's own figures over the window met the compiles too
         perf.inconclusive(f"the server logged {compiles.describe()} while the window ran (the window "
                           f"measured Triton's just-in-time compiles of new batch shapes, not the server; its warm "
                           f"passes did not reach every shape)", only=(*CLIENT_TIMED, *ENGINE_METRICS))
+
+
+def batch_shortfall(result: SpecWindow) -> str | None:
+    """Why a closed-loop window did not measure its concurrency (None: it did): its engine steps carried fewer than
+    `BATCH_SHARE` of its C clients' sequences on average (output tokens over steps, over the tokens a sequence gains
+    a step: its acceptance length, 1 without speculation). Seen on the 2-core CPU box (canary_check runs of
+    2026-12-06, n-gram at C = 4): in 20 of 40 windows the answers reached the client ~400 ms after the engine's
+    5-10 ms TTFT, each client's next request came after the others had finished, and the steps carried 0.93
+    sequences: tokens a step 3.58 against 13.8 in the other windows, decided as a x3.8 regression by the gross rule.
+    Such a window measured batch 1 under a C = 4 label: what the batch sets (`BATCH_BOUND`) is INCONCLUSIVE."""
+    shape, engine = result.window.shape, result.engine
+    if not isinstance(shape, ClosedLoop) or shape.concurrency < 2 or not engine.steps or not engine.output_tokens:
+        return None
+    per_sequence = result.acceptance.mean_acceptance_length if result.acceptance is not None else 1.0
+    batch = engine.output_tokens / engine.steps / max(per_sequence, 1.0)
+    if batch >= BATCH_SHARE * shape.concurrency:
+        return None
+    return (f"the engine's steps carried {batch:.2f} sequences on average, under {BATCH_SHARE:g} of the "
+            f"{shape.concurrency} the closed loop keeps in flight (the clients' next requests came after the others "
+            "had finished: the load generator or the box did not load the server as asked): the window measured "
+            "another batch, its engine and step metrics INCONCLUSIVE")
 
 
 def record_engine(perf: PerfRecorder, engine: EngineFigures, tol: Tolerances) -> None:

@@ -8,9 +8,20 @@ from __future__ import annotations
 import pytest
 
 from pytest_moeperf.perf import Perf
+from pytest_moeperf.serving.analysis.arbiter import EngineFigures
 from pytest_moeperf.serving.analysis.metrics import RequestOutcome, coalesced, compute, delivery_delayed
+from pytest_moeperf.serving.analysis.specdecode import AcceptanceStats
+from pytest_moeperf.serving.lifecycle.served import SpecWindow
 from pytest_moeperf.serving.load.loadgen import ClosedLoop, Endpoint, Request, WindowResult, stream_outcome
-from pytest_moeperf.serving.recording import CLIENT_TIMED, FailedRequests, record_serving
+from pytest_moeperf.serving.models.profiles import Tolerances
+from pytest_moeperf.serving.recording import (
+    CLIENT_TIMED,
+    FailedRequests,
+    batch_shortfall,
+    record_serving,
+    record_window_facts,
+)
+from pytest_moeperf.serving.speculation import record_steps
 
 
 def answer(chunks: int, tokens: int = 64, ttft: float = 0.02, latency: float = 0.40) -> RequestOutcome:
@@ -74,7 +85,6 @@ def test_answers_in_bursts_of_several_chunks_are_coalesced_against_the_engines_t
     assert coalesced(bursts) is None  # the chunk count alone cannot tell
     assert "below 0.1 of the engine's 6.8 ms" in str(coalesced(bursts, engine_tpot_ms=6.8))
     perf = Perf("t")
-    from pytest_moeperf.serving.models.profiles import Tolerances
     from pytest_moeperf.serving.recording import record_latencies
 
     record_latencies(perf, window(bursts), Tolerances(), e2el=False, engine_tpot_ms=6.8)
@@ -120,3 +130,42 @@ def test_a_first_token_within_factor_or_margin_of_the_engines_ttft_is_judged() -
     streaming = Perf("t")
     record_serving(streaming, window([answer(64) for _ in range(6)]), engine_tpot_ms=6.0, engine_ttft_ms=18.0)
     assert streaming.unusable == () and "client_timing" not in streaming.records[0].context
+
+
+def _spec_window(concurrency: int, output_tokens: int, steps: int, accepted_per_draft: float | None) -> SpecWindow:
+    outcomes = [answer(64) for _ in range(6)]
+    result = WindowResult(ClosedLoop(concurrency), tuple(outcomes), 2.0, compute(outcomes, 2.0), Endpoint.COMPLETIONS)
+    acceptance = None if accepted_per_draft is None else AcceptanceStats(
+        100, 300, 100 * accepted_per_draft, accepted_per_draft / 3, 1 + accepted_per_draft, ())
+    return SpecWindow(result, acceptance, engine=EngineFigures(tpot_ms=1.0, ttft_ms=6.0, output_tokens=output_tokens,
+                                                               steps=steps))
+
+
+def test_a_closed_loop_whose_steps_carried_one_sequence_did_not_measure_its_concurrency() -> None:
+    """Seen in the canary_check runs of 2026-12-06 (n-gram, 4 clients, 96 tokens an answer): windows whose answers
+    reached the client ~400 ms after the engine's 5-10 ms TTFT read 2304 tokens in 644 steps at acceptance 3.84
+    (0.93 sequences a step, tokens a step 3.58), the others 13.8: decided as a x3.8 regression by the gross rule."""
+    serial = _spec_window(4, 2304, 644, accepted_per_draft=2.8375)
+    reason = str(batch_shortfall(serial))
+    assert "0.93 sequences on average, under 0.75 of the 4" in reason
+    perf = Perf("t")
+    record_window_facts(perf, serial, Tolerances())
+    record_steps(perf, serial, Tolerances())
+    assert perf.unusable_for("tokens_per_step") == (reason,) and perf.unusable_for("engine_step_ms") == (reason,)
+    assert perf.unusable_for("engine_tpot_mean_ms") == (reason,) and perf.unusable_for("output_throughput") == (reason,)
+    assert perf.unusable_for("acceptance_length") == ()  # the drafter's acceptance does not depend on the batch
+    assert perf.records[-1].context["batch_shortfall"] == reason
+    # the same tokens in a quarter of the steps: 3.7 sequences a step, the window stands
+    batched = _spec_window(4, 2304, 167, accepted_per_draft=2.8375)
+    assert batch_shortfall(batched) is None
+    quiet = Perf("t")
+    record_window_facts(quiet, batched, Tolerances())
+    record_steps(quiet, batched, Tolerances())
+    assert quiet.unusable == ()
+
+
+def test_the_batch_rule_reads_one_token_a_sequence_without_speculation_and_skips_one_client() -> None:
+    assert "1.00 sequences" in str(batch_shortfall(_spec_window(4, 2304, 2304, accepted_per_draft=None)))
+    assert batch_shortfall(_spec_window(4, 2304, 600, accepted_per_draft=None)) is None  # 3.84 a step
+    assert batch_shortfall(_spec_window(1, 2304, 2304, accepted_per_draft=None)) is None  # one client: batch 1 is it
+    assert batch_shortfall(_spec_window(4, 2304, 0, accepted_per_draft=None)) is None  # no steps exported: no rule
