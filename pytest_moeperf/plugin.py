@@ -21,7 +21,7 @@ from pytest_moeperf.machine import topology as topology_mod
 from pytest_moeperf.machine.canary_plugin import CanaryPlugin
 from pytest_moeperf.machine.topology import Topology, TopologyError
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.processes import rounds, starts, termination, windows
+from pytest_moeperf.processes import confirm_at, rounds, starts, termination, windows
 from pytest_moeperf.processes.children import ONLY_ENV, read_only
 from pytest_moeperf.runtime import (
     child_key,
@@ -116,7 +116,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(state, "moeperf-session")
     windowed = windows.Windows(resolved.windows or 1)
     config.pluginmanager.register(windowed, "moeperf-windows")
-    config.pluginmanager.register(starts.Starts(state, config.stash[started_key], windowed), "moeperf-starts")
+    at_end = (resolved.confirm_at == "end" and resolved.confirm > 0 and not resolved.update
+              and resolved.round_of is None and not hasattr(config, "workerinput"))
+    confirming = state.confirm_at = confirm_at.ConfirmAt(state, at_end)
+    config.pluginmanager.register(confirming, "moeperf-confirm-at")
+    config.pluginmanager.register(starts.Starts(state, config.stash[started_key], windowed, confirming.reserve_s),
+                                  "moeperf-starts")
     adoption.install(config, state, resolved.benchmark_unit)
     if resolved.canary and not topo.simulated and not (resolved.round_of or "").startswith("ab "):
         # (a moeperf ab side's processes are judged against the other side's, not against stored runs)

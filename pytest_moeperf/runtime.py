@@ -32,6 +32,8 @@ health_key = pytest.StashKey[dict[int, HealthReport]]()
 confirming_key = pytest.StashKey[bool]()
 #: what an item's confirmation processes measured (`processes.confirm`)
 confirmed_key = pytest.StashKey[Confirmed]()
+#: set on an item whose confirmation waits for the session's end, its reports held (`processes.deferred`)
+deferred_key = pytest.StashKey[bool]()
 #: `time.monotonic()` when the session was configured (``--moeperf-deadline`` counts from it)
 started_key = pytest.StashKey[float]()
 #: undoes the environment an interconnect emulation set

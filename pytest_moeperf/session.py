@@ -1,6 +1,7 @@
 """`MoePerfSession`: pytest's events adapted to the ledger (its end is `conclude`'s). A test's rounds (its call, then
-confirmation processes: `processes.confirm`) become records at its call report, are judged there (a regression fails
-*that* test) and travel to the controller in the report's ``user_properties`` (xdist), where the ledger takes them."""
+confirmation processes: `processes.confirm`, at the session's end by default: `processes.confirm_at`) become records at
+its call report, are judged there (a regression fails *that* test) and travel to the controller in the report's
+``user_properties`` (xdist), where the ledger takes them."""
 
 from __future__ import annotations
 
@@ -17,17 +18,17 @@ from pytest_moeperf.judging.verdict import Verdict
 from pytest_moeperf.ledger import Measurement, Record, records_of
 from pytest_moeperf.machine.markers import threshold_marker
 from pytest_moeperf.perf import Perf
-from pytest_moeperf.processes.confirm import Confirmation, Confirmed
+from pytest_moeperf.processes.confirm import Confirmed
+from pytest_moeperf.processes.confirm_at import ConfirmAt
 from pytest_moeperf.reports import junit
 from pytest_moeperf.runtime import (
     carry_test_id,
     confirmed_key,
-    confirming_key,
+    deferred_key,
     health_key,
     perf_key,
     reported_test_id,
     skip_reason,
-    started_key,
 )
 from pytest_moeperf.settings import quiet_floor_of
 from pytest_moeperf.store.entries import BaselineError, software_changes
@@ -37,32 +38,21 @@ JUDGING_ERRORS = (BaselineError, ThresholdError, MetricChanged)
 
 
 class MoePerfSession(Conclusion):
+    confirm_at: ConfirmAt | None = None  # when its tests are confirmed (`processes.confirm_at`)
+
     def _threshold(self, item: pytest.Item, metric: Measurement) -> Threshold:
         s = self.settings
         return resolve_threshold(threshold_marker(item), s.tolerance, tolerance=metric.tolerance,
                                  abs_tolerance=metric.abs_tolerance, default_noise_k=s.noise_k,
                                  quiet_floor=quiet_floor_of(s))
 
-    def _wants_round(self, item: pytest.Item, perf: Perf) -> bool:
+    def wants_confirmation(self, item: pytest.Item) -> bool:
         """Whether another round can settle a metric of this test (a bad baseline or argument cannot be)."""
+        perf = item.stash.get(perf_key, None)
         try:
-            return any(not settled(self.judge.judge(record)) for record in self.records(item, perf, True))
+            return perf is not None and any(not settled(self.judge.judge(r)) for r in self.records(item, perf, True))
         except JUDGING_ERRORS:
             return False
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
-        result = yield
-        perf = pyfuncitem.stash.get(perf_key, None)
-        if (perf is None or not perf.records or self.settings.update or perf.single_round is not None
-                or pyfuncitem.stash.get(confirming_key, False)):
-            return result
-        confirmed = pyfuncitem.stash[confirmed_key] = Confirmed()  # `records` reads its rounds from here
-        confirmation: Confirmation = self.__dict__.setdefault("confirmation", Confirmation(
-            self, self.config.stash[started_key]))  # one a session: its scratch folder, what each child took
-        confirmation.run(confirmed, self.ids.of_item(pyfuncitem), self.settings.confirm,
-                         lambda: self._wants_round(pyfuncitem, perf))
-        return result
 
     def records(self, item: pytest.Item, perf: Perf, test_passed: bool) -> list[Record]:
         """The test's records: the rounds of its call in this process, then those of its confirmation processes."""
@@ -84,9 +74,16 @@ class MoePerfSession(Conclusion):
                                   ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         rep = yield
         carry_test_id(rep, self.ids.of_item(item))
+        if rep.when == "call" and not item.stash.get(deferred_key, False):
+            self.judge_report(item, rep)
+        return rep
+
+    def judge_report(self, item: pytest.Item, rep: pytest.TestReport) -> list[tuple[str, str]]:
+        """Judge the test's metrics on all its rounds into its call report (a regression fails it); the JUnit
+        properties it added to the item (its teardown report carries them to the XML)."""
         perf = item.stash.get(perf_key, None)
-        if rep.when != "call" or perf is None or not any(perf.rounds):
-            return rep
+        if perf is None or not any(perf.rounds):
+            return []
         records: list[Record] = []
         broken: dict[str, None] = {}  # bad baseline files and arguments, each named once
         regressed, lines = list[str](), list[str]()  # failing messages; every verdict's line
@@ -107,7 +104,8 @@ class MoePerfSession(Conclusion):
                 regressed.append(verdict.message() + (f"\n  {changes}" if changes else ""))
         payload = json.dumps([r.to_json() for r in records], separators=(",", ":"), sort_keys=True)
         rep.user_properties.append((PROPERTY, payload))  # to the controller (xdist) and to this session's ledger
-        item.user_properties.extend(junit.properties([r.verdict for r in records if r.verdict is not None]))
+        properties = junit.properties([r.verdict for r in records if r.verdict is not None])
+        item.user_properties.extend(properties)
         # under --moeperf-update a regression is reported, not failed; a --moeperf-rounds child leaves the
         # verdict to its parent, which judges all rounds together
         judged_here = not (self.settings.update or self.settings.round_of)
@@ -118,7 +116,7 @@ class MoePerfSession(Conclusion):
             rep.longrepr = "\n".join([head] + ["  " + p for p in [*broken, *regressed]])
         elif lines:
             rep.sections.append(("moeperf metrics", "\n".join(lines)))
-        return rep
+        return properties
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.ledger.note_test(reported_test_id(report, self.ids), skip_reason(report))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,37 +95,40 @@ class Confirmation:
         for k in range(1, budget + 1):
             if not wants_round():
                 break
-            found = self.unavailable(self.state.config) or self.measure(test, k, budget)
+            found = self.unavailable(self.state.config) or self.measure([test], k, budget)
             if isinstance(found, str):
                 confirmed.stopped = found
                 break
-            confirmed.add(found)
+            confirmed.add(found[test])
 
-    def measure(self, test: str, k: int, budget: int) -> dict[str, list[Round]] | str:
-        """Confirmation ``k`` of ``budget`` of ``test`` (its test id): the test alone in a fresh child session; its
-        rounds by metric name, or why there are none. Ctrl-C or SIGTERM during it propagates."""
+    def measure(self, tests: Sequence[str], k: int, budget: int, need_s: float = 0.0
+                ) -> dict[str, dict[str, list[Round]]] | str:
+        """Confirmation ``k`` of ``budget`` of ``tests`` (test ids): those tests alone in one fresh child session;
+        each test's rounds by metric name, or why there are none. ``need_s``: what the child is expected to take
+        when no confirmation process has run yet (the deadline's check). Ctrl-C or SIGTERM during it propagates."""
         children = self._of_session()
-        child = Child(f"confirmation {k}/{budget} of {test}", f"confirm {k}", f"{k + 1}/{budget + 1}")
+        what = tests[0] if len(tests) == 1 else f"{len(tests)} tests"
+        child = Child(f"confirmation {k}/{budget} of {what}", f"confirm {k}", f"{k + 1}/{budget + 1}")
         if children.deadline is not None:
             left = children.deadline - time.time()
-            need = max((t for took in children.took.values() for t in took), default=0.0)
+            need = max((t for took in children.took.values() for t in took), default=need_s)
             if left <= need:
-                return f"--moeperf-deadline ({left:.0f} s left, a confirmation process took {need:.0f} s)"
+                return f"--moeperf-deadline ({left:.0f} s left, a confirmation process takes {need:.0f} s)"
         started = time.monotonic()
-        done = children.measure(child, [test], quiet=True)
+        done = children.measure(child, list(tests), quiet=True)
         if done == EXIT_TERMINATED:
             raise Terminated("terminated (SIGTERM) in a confirmation process")
         if done == int(pytest.ExitCode.INTERRUPTED):
             raise KeyboardInterrupt
         if isinstance(done, int):
             return f"confirmation process {k} ended with exit code {done}"
-        found: dict[str, list[Round]] = {}
+        found: dict[str, dict[str, list[Round]]] = {test: {} for test in tests}
         for record in done.records.values():
-            if record.metric.test_id == test:
-                found.setdefault(record.metric.name, []).extend(record.rounds)
-        if not found:
-            return f"confirmation process {k} measured nothing of this test"
-        _progress(self.state.config, f"moeperf: {test}: confirmation {k}/{budget} in a fresh process "
+            if record.metric.test_id in found:
+                found[record.metric.test_id].setdefault(record.metric.name, []).extend(record.rounds)
+        if not any(found.values()):
+            return f"confirmation process {k} measured nothing of {'this test' if len(tests) == 1 else 'them'}"
+        _progress(self.state.config, f"moeperf: {what}: confirmation {k}/{budget} in a fresh process "
                                      f"({time.monotonic() - started:.0f} s)")
         return found
 

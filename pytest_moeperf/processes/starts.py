@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 import pytest
@@ -87,14 +87,19 @@ def planned(state: Conclusion, tests: Sequence[str], budget_s: float | None) -> 
 
 
 def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts: int, started: float,
-        windows: int | None = None) -> tuple[int | None, bool]:
+        windows: int | None = None, reserve_s: float = 0.0) -> tuple[int | None, bool]:
     """S child sessions of the tests ``nodeids`` (test ids: each its own start) and their verdicts; ``started``
-    is the session's start (``time.time()``), from which the deadline counts. Returns an exit code when a child could
-    not measure (then nothing may be written), and whether a test failed in a child."""
+    is the session's start (``time.time()``), from which the deadline counts; ``reserve_s``: what the starts leave of
+    the deadline (the confirmations that run after them). Returns an exit code when a child could not measure (then
+    nothing may be written), and whether a test failed in a child."""
     line(f"moeperf: {len(nodeids)} test(s) measure a start: {starts} start(s) of them, each a child session that "
          "starts its own servers (--moeperf-starts)")
+    deadline = deadline_at(state.settings, started)
+    if deadline is not None and reserve_s > 0:
+        line(f"moeperf: the starts leave {reserve_s:.0f} s of --moeperf-deadline to the confirmations that follow them")
+        deadline -= reserve_s
     with tempfile.TemporaryDirectory(prefix="moeperf-starts-") as tmp:
-        children = Children(config, state, deadline_at(state.settings, started), Path(tmp), windows=windows)
+        children = Children(config, state, deadline, Path(tmp), windows=windows)
         for j in range(1, starts + 1):
             child = Child(f"{j}/{starts} (start {j})", f"start {j}/{starts}", f"{j}/{starts}")
             if not children.begins(child, nodeids):
@@ -112,10 +117,12 @@ class Starts:
     """The session's adapter (registered beside it): after the session's own tests have run, the tests that measure
     a start run in S child sessions, and their records join the session's ledger before its end."""
 
-    def __init__(self, state: Conclusion, started: float, windows: Windows) -> None:
+    def __init__(self, state: Conclusion, started: float, windows: Windows,
+                 reserve: Callable[[], float] = lambda: 0.0) -> None:
         self.state = state
         self.started = started  # the session's ``time.monotonic()`` at its start: the deadline counts from it
         self.windows = windows  # the windows a start of this process (a planned count replaces the option's)
+        self.reserve = reserve  # what the starts leave of the deadline (`processes.confirm_at`: confirmations)
 
     def plan(self, items: Sequence[pytest.Item], count: int) -> tuple[int, int | None]:
         """The starts and (when planned) the windows a start for ``items``; prints a plan it made."""
@@ -153,7 +160,7 @@ class Starts:
             reporter.ensure_newline()
         tests = [state.ids.of_item(item) for item in delegated]  # test ids, as the records and MOEPERF_ONLY name them
         code, failed = run(state.config, state, tests, count, time.time() - (time.monotonic() - self.started),
-                           windows)
+                           windows, self.reserve())
         session.testsfailed += int(failed)
         if code == pytest.ExitCode.INTERRUPTED:
             raise KeyboardInterrupt

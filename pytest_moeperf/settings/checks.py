@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 
 from pytest_moeperf.judging.thresholds import MIN_RUNS_FOR_SPREAD, fraction_hint
 
-__all__ = ["at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
-           "parse_bool", "parse_cores", "parse_count", "parse_factor", "parse_floor", "parse_fraction", "parse_name",
-           "parse_noise_runs", "parse_percent", "parse_positive", "parse_seconds", "parse_starts", "pvalue"]
+__all__ = ["CONFIRM_AT", "at_least", "describe", "file_problem", "http_url", "input_file", "number_in", "output_path",
+           "parse_bool", "parse_confirm_at", "parse_cores", "parse_count", "parse_factor", "parse_floor",
+           "parse_fraction", "parse_name", "parse_noise_runs", "parse_percent", "parse_positive", "parse_seconds",
+           "parse_starts", "pvalue"]
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -205,4 +206,16 @@ def parse_name(text: str) -> str:
     if not name or len(name) > 64 or not all(c.isalnum() or c in "._-" for c in name):
         raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '.', '_' and '-' (at most 64), "
                                          f"got {text!r}")
+    return name
+
+
+#: ``--moeperf-confirm-at`` values (`processes.confirm_at`)
+CONFIRM_AT = ("end", "call")
+
+
+def parse_confirm_at(text: str) -> str:
+    """When a test is confirmed: ``end`` (the session's) or ``call`` (right after its call)."""
+    name = text.strip().lower()
+    if name not in CONFIRM_AT:
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(CONFIRM_AT)}, got {text!r}")
     return name

@@ -18,6 +18,7 @@ from pytest_moeperf.settings.checks import (
     at_least,
     http_url,
     parse_bool,
+    parse_confirm_at,
     parse_cores,
     parse_count,
     parse_factor,
@@ -191,6 +192,8 @@ OPTIONS: tuple[Option, ...] = (
            "alone in up to R fresh child sessions (never in its own process, whose re-runs copy its state), while "
            "more rounds can still decide it (against 3 stored runs a rank test needs 4 rounds), then judge it on all "
            "its rounds; with --moeperf-rounds, extra rounds of the unsettled tests", "R", parse_count, 3),
+    Option("confirm-at", "confirm_at", "when a test that crossed its threshold is confirmed: end (after the others "
+           "and the starts; its report waits) or call (right after it)", "end|call", parse_confirm_at, "end"),
     Option("quiet-floor", "quiet_floor", "the smallest mde of a quiet metric: one whose baseline runs come from this "
            "host in 2 or more sittings (updates an hour or a reboot apart) and whose noise term is below the minimum "
            "effect (unset: 3 %, or 2 % when every metric is measured in 3 or more processes, --moeperf-rounds 3; "
@@ -292,6 +295,7 @@ class Settings:
     #: ``--moeperf-acceptance-lengths``: (speculative tokens or None for all, lengths) per group
     acceptance_lengths: tuple[tuple[int | None, tuple[float, ...]], ...] = ()
     canary: bool = True
+    confirm_at: str = "end"
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in
