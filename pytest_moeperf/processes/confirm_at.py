@@ -109,16 +109,16 @@ class ConfirmAt:
         for item, _ in self.held:
             item.stash[confirmed_key] = Confirmed()
         for k in range(1, budget + 1):
-            tests = [self.state.ids.of_item(item) for item in self._undecided()]
+            tests = {self.state.ids.of_item(item): item for item in self._undecided()}  # each judged once a round
             if not tests:
                 return
-            found = self.confirmation.measure(tests, k, budget, need_s=self.reserve_s() / max(budget, 1))
-            for item in self._undecided():
+            found = self.confirmation.measure(list(tests), k, budget, need_s=self.reserve_s() / max(budget, 1))
+            for test, item in tests.items():
                 confirmed = item.stash[confirmed_key]
                 if isinstance(found, str):
                     confirmed.stopped = found
-                elif found.get(self.state.ids.of_item(item)):
-                    confirmed.add(found[self.state.ids.of_item(item)])
+                elif found.get(test):
+                    confirmed.add(found[test])
                 else:
                     confirmed.stopped = f"confirmation process {k} measured nothing of this test"
             if isinstance(found, str):
