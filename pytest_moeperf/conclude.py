@@ -63,8 +63,10 @@ class Conclusion:
         self.store = BaselineStore(settings.baselines_dir, self.fingerprint.slug, self.host)
         self.noise = HistoryNoise(settings.history, settings.baselines_dir, self.fingerprint.hash,
                                   settings.noise_runs, self.host, self.commit.get("branch"))
-        self.judge = Judge(self.store, self._decide, self.fingerprint.hash, settings.update, settings.strict,
-                           self.noise)
+        # a --moeperf-rounds child leaves a changed unit or workload to its parent, which judges all rounds together
+        # (and under --moeperf-update re-records them): failing it in the child lost every round of a re-record
+        self.judge = Judge(self.store, self._decide, self.fingerprint.hash,
+                           settings.update or settings.round_of is not None, settings.strict, self.noise)
         self.ledger = Ledger()
         self.written: list[Path] = []
         self.errors: list[str] = []

@@ -31,6 +31,7 @@ __all__ = [
     "cycle",
     "rotation_copies",
     "time_cpu",
+    "time_cpu_spread",
     "time_cuda_graph",
     "time_eager_cuda",
 ]
@@ -153,6 +154,50 @@ def time_cpu(
     clock resolution. Each sample is then ``elapsed / loops``. ``min_time_s=0`` gives one call per sample.
     """
     _check_counts(iters=iters, warmup=warmup, max_loops=max_loops)
+    loops, first = _calibrate(fn, warmup, min_time_s, max_loops, clock)
+    samples = [first]  # the last calibration run is a real sample
+    for _ in range(iters - 1):
+        samples.append(_run_loops(fn, loops, clock) / loops / 1000.0)
+    return samples
+
+
+def time_cpu_spread(
+    fn: Callable[[], object],
+    *,
+    samples: int,
+    best_of: int,
+    span_s: float,
+    warmup: int,
+    min_time_s: float = 1e-3,
+    max_loops: int = 1 << 20,
+    clock: Callable[[], int] = time.perf_counter_ns,
+    wall: Callable[[], float] = time.monotonic,
+) -> list[float]:
+    """Per-call time in microseconds of ``fn`` on the host: ``samples`` samples, each the fastest of at least
+    ``best_of`` batches **spread across** ``span_s`` seconds of wall time.
+
+    Batches (``loops`` calls each, calibrated as in :func:`time_cpu`) run back to back until ``span_s`` has passed
+    and at least ``samples × best_of`` have run; sample *j* is the fastest of batches *j*, *j + samples*,
+    *j + 2·samples*, … so its batches lie across the whole span, not side by side. Why: on a shared VM, memory-bound
+    GEMMs run +50 % slower for bursts of 1–3 s several times a minute (a neighbour's load, invisible to the guest;
+    docs/measurements/cpu-gemm-bursts.md). The fastest of three adjacent 10 ms batches sits inside one burst; the
+    fastest of batches spread over 3 s does not. A change to ``fn`` itself slows every batch, so it still shows.
+    """
+    _check_counts(samples=samples, best_of=best_of, warmup=warmup, max_loops=max_loops)
+    if span_s < 0 or not math.isfinite(span_s):
+        raise ValueError(f"span_s must be a finite number >= 0, got {span_s}")
+    start = wall()
+    loops, first = _calibrate(fn, warmup, min_time_s, max_loops, clock)
+    batches = [first]
+    while len(batches) < samples * best_of or wall() - start < span_s:
+        batches.append(_run_loops(fn, loops, clock) / loops / 1000.0)
+    return [min(batches[j::samples]) for j in range(samples)]
+
+
+def _calibrate(fn: Callable[[], object], warmup: int, min_time_s: float, max_loops: int,
+               clock: Callable[[], int]) -> tuple[int, float]:
+    """Run ``warmup`` untimed calls, then double ``loops`` until one batch lasts ``min_time_s``: the loops and the
+    last batch's per-call µs (a real sample)."""
     if min_time_s < 0 or not math.isfinite(min_time_s):
         raise ValueError(f"min_time_s must be a finite number >= 0, got {min_time_s}")
     for _ in range(warmup):
@@ -162,12 +207,8 @@ def time_cpu(
     while True:
         elapsed = _run_loops(fn, loops, clock)
         if elapsed >= min_ns or loops >= max_loops:
-            break
+            return loops, elapsed / loops / 1000.0
         loops = min(loops * 2, max_loops)
-    samples = [elapsed / loops / 1000.0]  # the last calibration run is a real sample
-    for _ in range(iters - 1):
-        samples.append(_run_loops(fn, loops, clock) / loops / 1000.0)
-    return samples
 
 
 def _run_loops(fn: Callable[[], object], loops: int, clock: Callable[[], int]) -> int:

@@ -206,13 +206,18 @@ def _measured(done: ChildResult) -> bool:
     return done.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and done.ledger is not None
 
 
-def judge_all(state: Conclusion, keys: list[str] | None = None) -> None:
+def judge_all(state: Conclusion, keys: list[str] | None = None) -> bool:
+    """Judge the records of ``keys`` (None: all); whether one could not be judged (a bad baseline or argument, or a
+    changed unit or workload: named in the errors, and the session fails)."""
+    broken = False
     for key in keys if keys is not None else list(state.ledger.records):
         record = state.ledger.records[key]
         try:
             state.ledger.decide(key, state.judge.judge(record))
         except (BaselineError, ThresholdError, MetricChanged) as exc:
-            state.errors.append(f"{key}: {exc}")  # its test failed in every round, naming it
+            state.errors.append(f"{key}: {exc}")
+            broken = True
+    return broken
 
 
 def unsettled_tests(ledger: Ledger) -> list[str]:
@@ -273,7 +278,7 @@ def _run(config: pytest.Config, state: Conclusion) -> int:
                 code = children.run(child, measured)
                 if code is not None:
                     return code
-        judge_all(state)
+        broken = judge_all(state)
         starts_ended(state, measured, children.ran)  # every round run measured them: the starts they had
         code = children.confirm(skip=measured)
         if code is not None:
@@ -283,5 +288,5 @@ def _run(config: pytest.Config, state: Conclusion) -> int:
     for text, red in state.summary_lines():
         line(text, red=red)
     regressed = any(v.status.value == "REGRESSED" for v in state.ledger.verdicts)
-    return int(pytest.ExitCode.TESTS_FAILED if (fails or regressed or children.failed_tests)
+    return int(pytest.ExitCode.TESTS_FAILED if (fails or regressed or broken or children.failed_tests)
                else pytest.ExitCode.OK)

@@ -91,7 +91,7 @@ def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts
     """S child sessions of the tests ``nodeids`` (test ids: each its own start) and their verdicts; ``started``
     is the session's start (``time.time()``), from which the deadline counts; ``reserve_s``: what the starts leave of
     the deadline (the confirmations that run after them). Returns an exit code when a child could not measure (then
-    nothing may be written), and whether a test failed in a child."""
+    nothing may be written), and whether a test failed in a child or could not be judged (`rounds.judge_all`)."""
     line(f"moeperf: {len(nodeids)} test(s) measure a start: {starts} start(s) of them, each a child session that "
          "starts its own servers (--moeperf-starts)")
     deadline = deadline_at(state.settings, started)
@@ -108,9 +108,9 @@ def run(config: pytest.Config, state: Conclusion, nodeids: Sequence[str], starts
             if code is not None:
                 return code, children.failed_tests
         tests = set(nodeids)
-        judge_all(state, [k for k, r in state.ledger.records.items() if r.metric.test_id in tests])
+        broken = judge_all(state, [k for k, r in state.ledger.records.items() if r.metric.test_id in tests])
         starts_ended(state, tests, children.ran)
-    return None, children.failed_tests
+    return None, children.failed_tests or broken
 
 
 class Starts:

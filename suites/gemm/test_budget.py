@@ -84,7 +84,8 @@ def test_decode_budget(perf: Perf, allreduce_baselines: list[AllReducePoint], to
     derived = {g.name: round(g.value, 3) for g in metrics if not g.gated}
     routed = next(p.impl for p in pieces if p.op in ("gate_up", gemm.FUSED_MOE_OP))
     perf.context(model=MODEL, tp=TP, batch=BATCH, device=device_spec.name, allreduce_source=ar_row.source,
-                 allreduce_us=ar_row.each_us, routed_impl=routed, **derived)
+                 allreduce_us=ar_row.each_us, routed_impl=routed, **derived,
+                 **({"workload": gemm_measure.CPU_TIMING} if gemm_device == "cpu" else {}))
     for g in metrics:
         if g.gated:
             perf.record(g.name, g.value, unit=g.unit, better="lower" if g.better == "lower" else "higher")

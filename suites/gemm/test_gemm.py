@@ -6,7 +6,8 @@ reads cold weights, as in decode), checks copy 0 against a float32 reference, th
 
 * GPU: CUDA graph of many back-to-back calls cycling through the copies, events around each replay;
 * CPU: the same calls on one intra-op thread, timed by that thread's CPU time (``time.thread_time_ns``: other
-  jobs on a shared machine do not inflate it), each sample the best of 3 batches; smaller M.
+  jobs on a shared machine do not inflate it), each sample the best of 3 or more batches spread across 3 s (a
+  neighbour's bursts of 1-3 s then slow some of its batches, not all); smaller M.
 
 Metrics: ``time`` (µs per call), ``tflops``, ``weight_gbps`` (weight bytes read per call / time) and, where the
 device's datasheet bandwidth is known, ``roofline_pct`` (achieved weight bandwidth / peak).
@@ -89,7 +90,8 @@ def test_gemm(perf: Perf, moeperf_settings: Settings, gemm_device: str, device_s
         experts=len(problem.groups), rows=problem.rows, copies=timed.copies, device=device_spec.name,
         threads=timed.threads, clock=gemm_measure.CPU_CLOCK_NAME if gemm_device == "cpu" else "cuda_graph_events",
         rel_err=float(f"{timed.rel_err:.3g}"),
-        **({"warmup_ms": moeperf_settings.gpu_warmup_ms} if gemm_device == "cuda" else {}),
+        **({"warmup_ms": moeperf_settings.gpu_warmup_ms} if gemm_device == "cuda"
+           else {"workload": gemm_measure.CPU_TIMING}),
     )
     samples = timed.samples
     wbytes = problem.weight_bytes(impl)

@@ -17,7 +17,7 @@ def test_routed_gate_up_m1_runs_and_is_correct(impl: str) -> None:
     reason = gemm.unavailable(impl, problem, "cpu")
     if reason:
         pytest.skip(reason)
-    timed = gemm_measure.measure(impl, problem, device="cpu", cache_bytes=0, quick=True)
+    timed = gemm_measure.measure(impl, problem, device="cpu", cache_bytes=0, quick=True, span_s=0.5)
     assert timed.rel_err < gemm.TOLERANCE[impl]
     assert len(timed.samples) == 5 and all(t > 0 for t in timed.samples)
 
@@ -54,6 +54,31 @@ def test_time_cpu_calibrates_loops() -> None:
     for _ in range(3):
         fn()
     assert calls == [0, 1, 0]
+
+
+def test_time_cpu_spread_keeps_a_burst_out_of_every_sample() -> None:
+    # A neighbour's burst slows the first 30 calls by half. Adjacent best-of-3 batches (time_cpu) all sit inside it;
+    # batches spread across the span give every sample one outside it. The clock is the fake's: what it times is
+    # the arithmetic of spreading, not this machine.
+    now, calls = [0], [0]
+
+    def fn() -> None:
+        calls[0] += 1
+        now[0] += 1_500_000 if calls[0] <= 30 else 1_000_000
+
+    def fake(**kw: float) -> list[float]:
+        now[0] = calls[0] = 0
+        return timing.time_cpu_spread(fn, samples=5, best_of=3, warmup=0, min_time_s=0.005, clock=lambda: now[0],
+                                      wall=lambda: now[0] / 1e9, **kw)
+
+    assert fake(span_s=0.2) == [1000.0] * 5
+    assert now[0] >= 0.2e9  # batches ran until the span had passed
+    assert len(fake(span_s=0.0)) == 5 and calls[0] == 7 + 15 * 4 - 4  # no span: samples x best_of batches, no more
+    now[0] = calls[0] = 0
+    adjacent = timing.time_cpu(fn, iters=15, warmup=0, min_time_s=0.005, clock=lambda: now[0])
+    assert min(adjacent[:3]) == 1500.0  # the first best-of-3 of adjacent batches reads the burst
+    with pytest.raises(ValueError, match="span_s"):
+        fake(span_s=float("nan"))
 
 
 @pytest.mark.parametrize("impl", ["bf16", "int4", "grouped"])

@@ -228,3 +228,18 @@ def test_one_start_decides_a_gross_change(units: pytest.Pytester, run_moeperf,  
                               "threshold; against fewer than 3 stored runs a second server start must agree*"])
     monkeypatch.setenv("MOEPERF_TEST_SCALE_ALL", "2.5")  # within x3: one start is not a verdict
     assert run_moeperf("--moeperf-starts", "1").ret == pytest.ExitCode.OK
+
+
+def test_a_start_s_changed_workload_fails_the_session_naming_it_and_an_update_re_records_it(  # type: ignore[no-untyped-def]
+        units: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The start children judge without --moeperf-update (their parent writes): they leave a changed workload to
+    # the parent, which names it and fails; under --moeperf-update it re-records the starts.
+    units.makepyfile(test_on_starts=TESTS.replace(
+        '    perf.record("tpot_ms"', '    perf.context(workload=os.environ.get("WORKLOAD") or None)\n    perf.record("tpot_ms"'))
+    assert run_moeperf("--moeperf-update", "--moeperf-starts", "2").ret == pytest.ExitCode.OK
+    monkeypatch.setenv("WORKLOAD", "longer prompts")
+    result = run_moeperf("--moeperf-starts", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*tpot_ms: workload changed: baseline None, now 'longer prompts'*"])
+    assert run_moeperf("--moeperf-update", "--moeperf-starts", "2").ret == pytest.ExitCode.OK
+    assert runs(units, "test_window::tpot_ms") == 2  # the re-record kept none of the old starts

@@ -289,6 +289,28 @@ def test_a_changed_workload_is_not_compared_and_its_re_record_starts_afresh(
     run_moeperf().assert_outcomes(passed=1)
 
 
+def test_a_changed_workload_is_re_recorded_in_rounds_and_named_by_the_parent_when_judged(
+        pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # Seen re-recording the CPU GEMMs timed a new way: each --moeperf-rounds child judged without --moeperf-update
+    # (the parent writes), failed every test on the changed workload, and the update wrote nothing.
+    pytester.makepyfile(test_workload="""
+        import os
+        def test_t(perf):
+            perf.context(workload=os.environ.get("WORKLOAD") or None)
+            perf.record("t", [float(os.environ.get("T", "10"))], unit="us")
+    """)
+    run_moeperf("--moeperf-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("WORKLOAD", "spread")
+    result = run_moeperf("--moeperf-rounds", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*t: workload changed: baseline None, now 'spread'*re-record with --moeperf-update*"])
+    result = run_moeperf("--moeperf-update", "--moeperf-rounds", "2")
+    assert result.ret == 0, result.stdout.str()
+    stored = json.loads(next(pytester.path.glob("baselines/*/test_workload.json")).read_text())
+    entry = stored["metrics"]["test_workload.py::test_t::t"]
+    assert [r["median"] for r in entry["runs"]] == [10.0, 10.0] and entry["context"]["workload"] == "spread"
+
+
 def test_bad_marker_arguments_error_that_test_only(pytester: pytest.Pytester, run_moeperf) -> None:  # type: ignore[no-untyped-def]
     pytester.makepyfile(test_bad="""
         import pytest
