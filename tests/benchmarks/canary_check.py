@@ -142,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-settle", action="store_true")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds a run may take")
     opts = parser.parse_args(args[:args.index("--")] if "--" in args else args)
+    if os.sep in opts.python:  # a path: the runs happen in the clone, so resolve it here
+        opts.python = os.path.abspath(opts.python)  # not resolve(): a venv python is a symlink out of its venv
     also: dict[str, float] = {}
     for item in opts.also:
         key, _, factor = item.rpartition("=")
@@ -179,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(lines(run)), flush=True)
     passed = [r for r in runs if ok(r)]
     total = (f"{len(passed)} of {len(runs)} runs " + ("exit 0 with 0 REGRESSED" if opts.factor == 1 else
-             "REGRESSED and failed nothing besides the injected case, which is REGRESSED"))
+             "pass: nothing REGRESSED or failed besides the injected case, and it is REGRESSED"))
     print(total)
     (out / "summary.txt").write_text("\n".join([line for r in runs for line in lines(r)] + [total]) + "\n")
     (out / "summary.json").write_text(json.dumps({"runs": runs, "passed": len(passed), "case": opts.case,
