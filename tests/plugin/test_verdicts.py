@@ -265,14 +265,18 @@ def test_unit_change_fails_the_test_naming_both(pytester: pytest.Pytester, run_m
     run_moeperf().assert_outcomes(passed=1)
 
 
+#: a test whose workload (context) and value come from the environment
+WORKLOAD_TEST = """
+    import os
+    def test_t(perf):
+        perf.context(workload=os.environ.get("WORKLOAD") or None)
+        perf.record("t", [float(os.environ.get("T", "10"))], unit="us")
+"""
+
+
 def test_a_changed_workload_is_not_compared_and_its_re_record_starts_afresh(
         pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    pytester.makepyfile(test_workload="""
-        import json, os
-        def test_t(perf):
-            perf.context(workload=os.environ.get("WORKLOAD") or None)
-            perf.record("t", [float(os.environ.get("T", "10"))], unit="us")
-    """)
+    pytester.makepyfile(test_workload=WORKLOAD_TEST)
     for _ in range(3):
         run_moeperf("--moeperf-update").assert_outcomes(passed=1)
     monkeypatch.setenv("WORKLOAD", "outputs spread")
@@ -293,12 +297,7 @@ def test_a_changed_workload_is_re_recorded_in_rounds_and_named_by_the_parent_whe
         pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     # Seen re-recording the CPU GEMMs timed a new way: each --moeperf-rounds child judged without --moeperf-update
     # (the parent writes), failed every test on the changed workload, and the update wrote nothing.
-    pytester.makepyfile(test_workload="""
-        import os
-        def test_t(perf):
-            perf.context(workload=os.environ.get("WORKLOAD") or None)
-            perf.record("t", [float(os.environ.get("T", "10"))], unit="us")
-    """)
+    pytester.makepyfile(test_workload=WORKLOAD_TEST)
     run_moeperf("--moeperf-update").assert_outcomes(passed=1)
     monkeypatch.setenv("WORKLOAD", "spread")
     result = run_moeperf("--moeperf-rounds", "2")
