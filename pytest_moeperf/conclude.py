@@ -33,7 +33,7 @@ from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
 from pytest_moeperf.machine import probe
 from pytest_moeperf.machine.canary import is_canary
-from pytest_moeperf.machine.provenance import git_commit_info, perf_environment
+from pytest_moeperf.machine.provenance import git_commit_info, pathspecs, perf_environment
 from pytest_moeperf.machine.topology import Topology
 from pytest_moeperf.reports import document, markdown, render
 from pytest_moeperf.settings import Settings, configfile
@@ -59,7 +59,8 @@ class Conclusion:
         self.topology = topology
         self.fingerprint = topology.fingerprint
         self.host = settings.host_id or self.fingerprint.host or None
-        self.commit = git_commit_info(configfile.rootpath(config))
+        self.commit = git_commit_info(root := configfile.rootpath(config),
+                                      pathspecs(root, [settings.baselines_dir, *settings.code_exclude]))
         self.store = BaselineStore(settings.baselines_dir, self.fingerprint.slug, self.host)
         self.noise = HistoryNoise(settings.history, settings.baselines_dir, self.fingerprint.hash,
                                   settings.noise_runs, self.host, self.commit.get("branch"))
@@ -204,17 +205,13 @@ class Conclusion:
         stored = self.store.run_medians(v.key for v in verdicts)
         moved = {v.key: v for v in verdicts}
         views = family_views(verdicts, stored, subfamilies)
-        for key, verdict in in_moved_families(moved, views, self._same_code(moved), subfamilies).items():
+        same = {k for k, v in moved.items() if v.status in (Status.IMPROVED, Status.REGRESSED) and self.of_this_code(k)}
+        for key, verdict in in_moved_families(moved, views, same, subfamilies).items():
             self.ledger.decide(key, verdict)
         shifts = family_views(self.ledger.verdicts, stored, subfamilies)  # the verdicts as they read now
         self.ledger.sections += shift_sections(shifts)
         self.ledger.notes += shift_notes(shifts)
         return [f for f in shifts if f.moved]
-
-    def _same_code(self, verdicts: dict[str, Verdict]) -> set[str]:
-        """The keys of IMPROVED and REGRESSED verdicts whose stored runs are all of this run's code (`same_code`)."""
-        return {key for key, v in verdicts.items()
-                if v.status in (Status.IMPROVED, Status.REGRESSED) and self.of_this_code(key)}
 
     def of_this_code(self, key: str) -> bool:
         """Whether every stored run of ``key`` ran this run's code (`shift.same_code`): a family of such metrics that
@@ -225,7 +222,7 @@ class Conclusion:
         except BaselineError:
             return False
         return entry is not None and same_code(self._code_now, entry.provenance,
-                                               [r.git_commit for r in entry.all_runs])
+                                               [(r.git_commit, r.code) for r in entry.all_runs])
 
     @functools.cached_property
     def _code_now(self) -> dict[str, Any]:
@@ -292,9 +289,10 @@ class Conclusion:
 
     def provenance(self) -> dict[str, Any]:
         return {"date": _now(), "git_commit": self.commit["id"], "git_dirty": self.commit["dirty"],
-                "software": dict(self.topology.software), "driver": self.topology.driver_version,
-                "cuda": self.topology.cuda_version, "fingerprint_hash": self.fingerprint.hash, "host_id": self.host,
-                "boot_id": probe.boot_id(), "env": perf_environment(os.environ)}
+                "code": self.commit.get("code"), "software": dict(self.topology.software),
+                "driver": self.topology.driver_version, "cuda": self.topology.cuda_version,
+                "fingerprint_hash": self.fingerprint.hash, "host_id": self.host, "boot_id": probe.boot_id(),
+                "env": perf_environment(os.environ)}
 
     def machine_info(self) -> dict[str, Any]:
         info = document.base_machine_info()

@@ -21,8 +21,9 @@ share the context values its ``moeperf_family`` marker names: CPU GEMM ``time`` 
 the 26 cases) is looked at as a family of its own by the same rule (its cases are also in their whole family's
 view): a box can move the memory-bound cases alone. Smaller sub-families are left to the canary (`machine`).
 The view changes no verdict on this host's baselines (an IMPROVED or REGRESSED inside a moved family says "likely
-the machine"), unless every stored run of the metric is of this run's code (`same_code`: one commit, a clean tree,
-the same software, driver and environment): then only the machine can have moved it, and the verdict is
+the machine"), unless every stored run of the metric is of this run's code (`same_code`: the same files of the
+checkout, less the baselines and what ``--moeperf-code-exclude`` names, and the same software, driver and
+environment): then only the machine can have moved it, and the verdict is
 INCONCLUSIVE with cause ``machine`` (seen in a same-box CPU A/A: the whole GEMM family +8.8 %, 16 of 16 cases, every
 round healthy, and one case REGRESSED at p = 0.012). A gross change stays decided. Against other hosts' baselines a
 family that moved as a whole is what another host looks like, so its verdicts there are INCONCLUSIVE
@@ -231,15 +232,21 @@ def shift_notes(views: Sequence[Family]) -> list[str]:
 SAME_CODE_FIELDS = ("software", "driver", "cuda", "env")
 
 
-def same_code(now: Mapping[str, Any], stored: Mapping[str, Any], run_commits: Sequence[str | None]) -> bool:
-    """Whether a metric's stored runs (their commits ``run_commits``, the last update's provenance ``stored``) ran
-    the code this run (provenance ``now``) runs: one known commit, a clean tree both times, and the same software
-    versions, driver, CUDA and perf environment (`machine.provenance.perf_environment`; a baseline written before
-    it was kept is not known to match)."""
-    commit = now.get("git_commit")
+def same_code(now: Mapping[str, Any], stored: Mapping[str, Any], runs: Sequence[tuple[str | None, str | None]]
+              ) -> bool:
+    """Whether a metric's stored runs (each one's commit and code identity; the last update's provenance
+    ``stored``) ran the code this run (provenance ``now``) runs: the same software versions, driver, CUDA and perf
+    environment (`machine.provenance.perf_environment`; a baseline written before it was kept is not known to
+    match), and the same code identity in every run (`machine.provenance.code_identity`: the checkout's files on
+    disk less the baselines and the paths ``--moeperf-code-exclude`` names), or, for runs recorded before that was
+    kept, one known commit with a clean tree both times."""
+    if not runs or not all(f in stored and stored[f] == now.get(f) for f in SAME_CODE_FIELDS):
+        return False
+    code, commit = now.get("code"), now.get("git_commit")
+    if code and all(c == code for _, c in runs):
+        return True
     return (bool(commit) and now.get("git_dirty") is False and stored.get("git_dirty") is False
-            and bool(run_commits) and all(c == commit for c in run_commits)
-            and all(f in stored and stored[f] == now.get(f) for f in SAME_CODE_FIELDS))
+            and all(c == commit for c, _ in runs))
 
 
 def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family], same: Collection[str] = (),
@@ -263,7 +270,7 @@ def in_moved_families(verdicts: Mapping[str, Verdict], views: Sequence[Family], 
             if key in same:
                 changed[key] = dataclasses.replace(
                     v, status=Status.INCONCLUSIVE, cause=Cause.MACHINE,
-                    reason=f"{v.reason}; {note}, and every stored run is of this run's commit, software and "
+                    reason=f"{v.reason}; {note}, and every stored run is of this run's code, software and "
                            "environment: the machine moved, not the code (run again on a settled machine)")
             elif v.cause == Cause.GROSS:  # x3 beyond every run of this host, and the code changed
                 changed[key] = dataclasses.replace(v, reason=f"{v.reason}; {note}")

@@ -1,6 +1,7 @@
 """Settings: the ``--moeperf-*`` option table with its ini twins (`options`) and the argument checks it shares
 with the ``moeperf`` command (`checks`)."""
 
+from pytest_moeperf.settings.checks import parse_server_urls
 from pytest_moeperf.settings.options import (
     DEADLINE_ENV,
     GPU_STARTS,
@@ -10,7 +11,6 @@ from pytest_moeperf.settings.options import (
     Option,
     Settings,
     add_options,
-    parse_server_urls,
     quiet_floor_of,
     resolve,
     starts_of,

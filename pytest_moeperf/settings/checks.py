@@ -219,3 +219,22 @@ def parse_confirm_at(text: str) -> str:
     if name not in CONFIRM_AT:
         raise argparse.ArgumentTypeError(f"expected {' or '.join(CONFIRM_AT)}, got {text!r}")
     return name
+
+
+def parse_server_urls(text: str) -> tuple[str, ...]:
+    """``URL`` or ``NAME=URL``, several separated by whitespace or commas (ini); each checked as a URL."""
+    out = []
+    for item in text.replace(",", " ").split():
+        name, sep, url = item.rpartition("=") if "=" in item.split("://", 1)[0] else ("", "", item)
+        out.append(f"{name}={http_url(url).rstrip('/')}" if sep else http_url(url).rstrip("/"))
+    return tuple(out)
+
+
+def parse_pids(text: str) -> tuple[int, ...]:
+    """Process ids (integers >= 1), several separated by whitespace or commas (ini)."""
+    return tuple(at_least(1)(item) for item in text.replace(",", " ").split())
+
+
+def parse_paths(text: str) -> tuple[Path, ...]:
+    """Paths or glob patterns, separated by whitespace (several ini lines too)."""
+    return tuple(Path(p) for p in text.split())

@@ -15,8 +15,6 @@ import pytest
 
 from pytest_moeperf.settings import configfile
 from pytest_moeperf.settings.checks import (
-    at_least,
-    http_url,
     parse_bool,
     parse_confirm_at,
     parse_cores,
@@ -27,25 +25,14 @@ from pytest_moeperf.settings.checks import (
     parse_milliseconds,
     parse_name,
     parse_noise_runs,
+    parse_paths,
     parse_percent,
+    parse_pids,
     parse_positive,
     parse_seconds,
+    parse_server_urls,
     parse_starts,
 )
-
-
-def parse_server_urls(text: str) -> tuple[str, ...]:
-    """``URL`` or ``NAME=URL``, several separated by whitespace or commas (ini); each checked as a URL."""
-    out = []
-    for item in text.replace(",", " ").split():
-        name, sep, url = item.rpartition("=") if "=" in item.split("://", 1)[0] else ("", "", item)
-        out.append(f"{name}={http_url(url).rstrip('/')}" if sep else http_url(url).rstrip("/"))
-    return tuple(out)
-
-
-def parse_pids(text: str) -> tuple[int, ...]:
-    """Process ids (integers >= 1), several separated by whitespace or commas (ini)."""
-    return tuple(at_least(1)(item) for item in text.replace(",", " ").split())
 
 
 def parse_emulation(text: str) -> str | None:
@@ -202,6 +189,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("host-id", "host_id", "name this host in the baselines it records and judges against (containers and "
            "runner pools whose machine id is not stable); default: a hash of the machine id and the GPUs' UUIDs",
            "NAME", parse_name, None),
+    Option("code-exclude", "code_exclude", "paths of the checkout that are not the measured code (docs, the "
+           "plugin's own tests; glob patterns allowed; repeatable, or whitespace-separated): a change there leaves "
+           "a run on the code of the baselines' runs, so a family that moved as a whole is the machine (the "
+           "baselines directory never counts)", "PATH", parse_paths, (), repeat=True),
     Option("accept-shift", "accept_shift", "let --moeperf-update re-record metric families that moved together "
            "(the machine-shift report: usually the machine, not the code)", None, parse_bool, False),
     Option("history", "history", "append this session's metrics, verdicts and provenance to a history database: a "
@@ -296,6 +287,7 @@ class Settings:
     acceptance_lengths: tuple[tuple[int | None, tuple[float, ...]], ...] = ()
     canary: bool = True
     confirm_at: str = "end"
+    code_exclude: tuple[Path, ...] = ()  # paths of the checkout that are not the measured code (`same_code`)
 
 
 #: the quiet floor when none is given: a session of one process, and one whose metrics are each measured in

@@ -105,7 +105,8 @@ def checked(key: str, data: Any, where: str) -> tuple[int, dict[str, float], lis
                                     f"got {windows!r} (left untouched)")
             runs.append((median, _count(where, key, f"runs[{i}].n", run["n"]), iqr, run.get("date"),
                          run.get("git_commit"), run.get("host"), run.get("boot"),
-                         tuple(_number(where, key, f"runs[{i}].windows[{j}]", w) for j, w in enumerate(windows))))
+                         tuple(_number(where, key, f"runs[{i}].windows[{j}]", w) for j, w in enumerate(windows)),
+                         _code(where, key, i, run.get("code"))))
         absent = [name for name in ("test", "name", "unit", "better") if name not in data]
         if absent:
             raise KeyError(absent[0])
@@ -130,11 +131,13 @@ class RunSummary:
     boot: str | None = None  # the boot of the host it was measured in (`machine.probe.boot_id`; None: unknown)
     #: the medians of the windows this run pooled (one server start measured in several windows; `judging.levels`)
     windows: tuple[float, ...] = ()
+    #: the code it ran (`machine.provenance.code_identity`; None: unknown, as in runs recorded before it was kept)
+    code: str | None = None
 
     @classmethod
     def of(cls, summary: Summary, provenance: Mapping[str, Any], windows: Sequence[float] = ()) -> RunSummary:
         return cls(summary.median, summary.n, summary.iqr, provenance.get("date"), provenance.get("git_commit"),
-                   provenance.get("host_id"), provenance.get("boot_id"), tuple(windows))
+                   provenance.get("host_id"), provenance.get("boot_id"), tuple(windows), provenance.get("code"))
 
     @property
     def host_group(self) -> str:
@@ -150,7 +153,15 @@ class RunSummary:
             data["boot"] = self.boot
         if self.windows:
             data["windows"] = [_round(w) for w in self.windows]
+        if self.code is not None:
+            data["code"] = self.code
         return data
+
+
+def _code(where: str, key: str, i: int, code: object) -> str | None:
+    if code is None or isinstance(code, str):
+        return code
+    raise BaselineError(f"{where}: metric {key!r}: runs[{i}].code must be a string, got {code!r} (left untouched)")
 
 
 def _when(date: str | None) -> dt.datetime | None:

@@ -153,20 +153,24 @@ def _git(pytester: pytest.Pytester, *args: str) -> None:
 
 def test_a_family_that_moved_as_a_whole_on_the_code_of_every_stored_run_is_the_machine(  # type: ignore[no-untyped-def]
         pytester: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 30 item 15: a same-box A/A (one commit) flagged a case REGRESSED while its whole family moved +8.8 %:
-    the machine, since nothing else changed. At the commit, software and environment of every stored run a moved
-    family's verdicts are INCONCLUSIVE (machine); at another commit, or with a dirty tree, they stand."""
+    """Issue 30 item 15: a same-box A/A flagged a case REGRESSED while its whole family moved +8.8 %: the machine,
+    since nothing else changed. On the code, software and environment of every stored run a moved family's verdicts
+    are INCONCLUSIVE (machine): the code is the checkout's files on disk less the baselines (so the commit that
+    stores them, or a tree dirty with them, is still that code) and what --moeperf-code-exclude names; with another
+    file changed, or another environment, they stand."""
     pytester.makepyfile(test_cases=CASES)
     _git(pytester, "init", "-q")
     _git(pytester, "add", "test_cases.py")
     _git(pytester, "commit", "-q", "-m", "cases")
     for _ in range(3):
         run_moeperf("--moeperf-update", "--moeperf-health", "off").assert_outcomes(passed=10)
+    _git(pytester, "add", "baselines")  # the update workflow commits its baselines: a new commit, the same code
+    _git(pytester, "commit", "-q", "-m", "baselines")
     monkeypatch.setenv("SCALE", "1.2")  # every case 20 % slower: what the VM did, code unchanged
     same = run_moeperf("--moeperf-health", "off", "--moeperf-history", "off")
     assert same.ret == pytest.ExitCode.OK, same.stdout.str()
     same.stdout.fnmatch_lines(["INCONCLUSIVE test_cases.py::test_kernel?0?::time:*family time moved +20.0 % (10 of 10 "
-                               "cases), and every stored run is of this run's commit, software and environment: the "
+                               "cases), and every stored run is of this run's code, software and environment: the "
                                "machine moved, not the code*"])
     monkeypatch.setenv("SCALE", "1.0")
     monkeypatch.setenv("SCALE_9", "1.5")  # one case alone, same code: no family moved, its REGRESSED fails the session
@@ -175,13 +179,17 @@ def test_a_family_that_moved_as_a_whole_on_the_code_of_every_stored_run_is_the_m
     alone.stdout.fnmatch_lines(["*test_kernel?9?::time*+50.0 %*REGRESSED*"])
     monkeypatch.delenv("SCALE_9")
     monkeypatch.setenv("SCALE", "1.2")
-    pytester.makefile(".txt", notes="another commit")
-    _git(pytester, "add", "notes.txt")
-    _git(pytester, "commit", "-q", "-m", "notes")
+    pytester.makefile(".txt", notes="a change")
+    _git(pytester, "add", "notes.txt")  # staged, not committed: part of the code on disk
     other = run_moeperf("--moeperf-health", "off", "--moeperf-history", "off")
     assert other.ret == pytest.ExitCode.TESTS_FAILED, other.stdout.str()
     other.stdout.fnmatch_lines(["moeperf: machine shift: 1 metric family moved together (test_cases.py time +20.0 % "
                                 "(10 of 10)); 0 IMPROVED and 10 REGRESSED verdicts are in them*"])
-    monkeypatch.setenv("MOEPERF_INJECT", "anything")  # another environment, the commit of the runs: not the same code
-    _git(pytester, "reset", "-q", "--hard", "HEAD~1")
+    # a path declared not code (docs, notes): the runs' code again, committed or not
+    excluded = run_moeperf("--moeperf-health", "off", "--moeperf-history", "off", "--moeperf-code-exclude", "*.txt")
+    assert excluded.ret == pytest.ExitCode.OK, excluded.stdout.str()
+    _git(pytester, "commit", "-q", "-m", "notes")
+    pytester.makeini("[pytest]\nmoeperf_code_exclude = notes.txt\n    docs\n")
+    assert run_moeperf("--moeperf-health", "off", "--moeperf-history", "off").ret == pytest.ExitCode.OK
+    monkeypatch.setenv("MOEPERF_INJECT", "anything")  # another environment, the runs' code: not the same code
     assert run_moeperf("--moeperf-health", "off", "--moeperf-history", "off").ret == pytest.ExitCode.TESTS_FAILED

@@ -234,8 +234,8 @@ def test_a_start_s_changed_workload_fails_the_session_naming_it_and_an_update_re
         units: pytest.Pytester, run_moeperf, monkeypatch: pytest.MonkeyPatch) -> None:
     # The start children judge without --moeperf-update (their parent writes): they leave a changed workload to
     # the parent, which names it and fails; under --moeperf-update it re-records the starts.
-    units.makepyfile(test_on_starts=TESTS.replace(
-        '    perf.record("tpot_ms"', '    perf.context(workload=os.environ.get("WORKLOAD") or None)\n    perf.record("tpot_ms"'))
+    workload = '    perf.context(workload=os.environ.get("WORKLOAD") or None)\n'
+    units.makepyfile(test_on_starts=TESTS.replace('    perf.record("tpot_ms"', workload + '    perf.record("tpot_ms"'))
     assert run_moeperf("--moeperf-update", "--moeperf-starts", "2").ret == pytest.ExitCode.OK
     monkeypatch.setenv("WORKLOAD", "longer prompts")
     result = run_moeperf("--moeperf-starts", "2")

@@ -367,6 +367,44 @@ def test_provenance_without_a_commit_is_unknown_not_clean(tmp_path: Path) -> Non
     assert info["id"] is None and info["dirty"] is None
 
 
+def test_the_code_identity_is_the_tracked_files_on_disk_less_what_is_not_code(tmp_path: Path) -> None:
+    """The code two runs ran, whatever their commits: the tracked files as they are on disk (a staged or unstaged
+    change counts, an untracked file does not), less the baselines and the paths declared not code."""
+    import subprocess
+
+    from pytest_moeperf.machine.provenance import code_identity, git_commit_info, pathspecs
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    for name, text in {"kernel.py": "x = 1\n", "baselines/b.json": "{}", "docs/a.md": "a"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "one")
+    not_code = pathspecs(tmp_path, [tmp_path / "baselines", tmp_path / "docs", Path("/elsewhere")])
+    assert not_code == ["baselines", "docs"]
+    first = code_identity(tmp_path, not_code)
+    assert first and git_commit_info(tmp_path, not_code)["code"] == first
+    (tmp_path / "baselines/b.json").write_text('{"new": 1}')  # an update, not yet committed
+    (tmp_path / "docs/a.md").write_text("b")
+    (tmp_path / "stray.log").write_text("a tool's output")  # untracked
+    git("add", "docs")
+    assert code_identity(tmp_path, not_code) == first
+    git("commit", "-q", "-am", "baselines and notes")  # another commit, the same code
+    assert code_identity(tmp_path, not_code) == first
+    assert code_identity(tmp_path, ["baselines"]) != first, "docs count as code unless declared otherwise"
+    (tmp_path / "kernel.py").write_text("x = 2\n")
+    assert code_identity(tmp_path, not_code) != first
+    (tmp_path / "kernel.py").write_text("x = 1\n")
+    assert code_identity(tmp_path, not_code) == first
+    assert code_identity(tmp_path, ["/elsewhere"]) is None, "a pathspec git refuses: unknown, not a wrong identity"
+    assert code_identity(tmp_path / "docs" / "..", not_code) == first
+    assert "code" not in git_commit_info(tmp_path), "asked for only where the caller says what is not code"
+
+
 @pytest.mark.parametrize("values", [[1e308, 1e308], [1e308, 1.5e308, 1.7e308], [-1.7e308, -1e308],
                                     [1.7e308, -1.7e308], [5e-324, 5e-324, 1e-320], [1.0, 2.0, 4.0]])
 def test_statistics_of_finite_samples_do_not_overflow(values: list[float]) -> None:
