@@ -42,12 +42,11 @@ def code_identity(root: Path, not_code: Sequence[str] = ()) -> str | None:
     commit after it is never the commit its runs were measured at, and a tree dirty with nothing but baselines or
     notes measures what the clean one does. Built in a copy of the index: git's own is never touched."""
     index = _git(root, "rev-parse", "--path-format=absolute", "--git-path", "index")
-    if not index:
-        return None
+    if not index or not Path(index).is_file():
+        return None  # no index, no tracked files to read: an empty tree would match any other such checkout
     with tempfile.TemporaryDirectory(prefix="moeperf-code-") as tmp:
         scratch = Path(tmp) / "index"
-        if Path(index).is_file():
-            shutil.copyfile(index, scratch)  # its stat cache spares hashing the unchanged files again
+        shutil.copyfile(index, scratch)  # its stat cache spares hashing the unchanged files again
         env = {"GIT_INDEX_FILE": str(scratch)}
         if _git(root, "add", "-u", "--", ".", env=env, timeout=120) is None:
             return None

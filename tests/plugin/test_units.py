@@ -403,6 +403,8 @@ def test_the_code_identity_is_the_tracked_files_on_disk_less_what_is_not_code(tm
     assert code_identity(tmp_path, ["/elsewhere"]) is None, "a pathspec git refuses: unknown, not a wrong identity"
     assert code_identity(tmp_path / "docs" / "..", not_code) == first
     assert "code" not in git_commit_info(tmp_path), "asked for only where the caller says what is not code"
+    (tmp_path / ".git" / "index").unlink()  # no index: unknown, not the empty tree every such checkout shares
+    assert code_identity(tmp_path, not_code) is None
 
 
 @pytest.mark.parametrize("values", [[1e308, 1e308], [1e308, 1.5e308, 1.7e308], [-1.7e308, -1e308],
