@@ -15,9 +15,9 @@ IMPROVED and REGRESSED verdicts does its move explain?
    test in the canary's direction gives p < `ALPHA`. The direction is given by an independent measurement, so the
    test is one-sided: all of 5 cases one way is p = 1/32, the smallest family that can agree at 0.05; the
    two-sided whole-family test of `judging.shift` at 0.01 needs 8. A whole family of fewer than `MIN_CASES`
-   judged cases (a serving metric over 4 windows' profiles, a start-up time: 1) is too small for the test; it
-   matches when **every** case moved the canary's way and the median is of comparable size (`Match.tested` is
-   then False, and the reason says so). Seen in clean-clone CI runs on the 2-core box: spec-decode
+   judged cases (a spec-decode metric over 2 profiles x 2 concurrencies: 4; a start-up time: 1) is too small for
+   the test; it matches when **every** case moved the canary's way and the median is of comparable size
+   (`Match.tested` is then False, and the reason says so). Seen in clean-clone CI runs on the 2-core box: spec-decode
    ``engine_step_ms`` +13..+43 % in all 4 cases beside a compute canary +54 % (and +60 % beside +76 % the day
    before) read REGRESSED because 4 cases cannot pass a sign test at 0.05.
 3. **A case's move is the machine's**: it moved the family's way and by no more than the family's median move plus
@@ -173,6 +173,7 @@ def _match(file: str, name: str, subfamily: str, members: Sequence[Verdict], mov
            ) -> Match | None:
     worse = [_worse(v) for v in members]
     move = stats.median(worse)
+    tested = len(members) >= MIN_CASES
     best: tuple[float, Match] | None = None
     for canary in moved:
         log = math.log1p(canary.change or 0.0)
@@ -183,7 +184,6 @@ def _match(file: str, name: str, subfamily: str, members: Sequence[Verdict], mov
         against = sum(1 for w in worse if w * sign < -TIE)
         p = sign_test_p(with_canary, against) / 2 if with_canary > against else 1.0  # one-sided
         score = abs(math.log(move / log))
-        tested = len(members) >= MIN_CASES
         agrees = p < ALPHA if tested else with_canary == len(worse)
         if agrees and (best is None or score < best[0]):
             best = score, Match(file, name, subfamily, len(members), with_canary, move, p, canary, tested=tested)
@@ -223,10 +223,10 @@ def machine_verdicts(verdicts: Mapping[str, Verdict], subfamilies: Mapping[str, 
                                      "with it (same direction, comparable size): decided")
             continue
         worse, sign = _worse(v), 1.0 if match.move > 0 else -1.0
-        family = (f"{match.label} moved {_pct(math.expm1(match.move))} worse with it ({match.with_canary} of "
-                  f"{match.cases} cases, one-sided sign test p = {match.p:.2g})" if match.tested else
-                  f"{match.label} moved {_pct(math.expm1(match.move))} worse with it (all {match.cases} of its "
-                  f"case(s), too few for a sign test at {ALPHA:g}: every one moved the canary's way)")
+        how = (f"{match.with_canary} of {match.cases} cases, one-sided sign test p = {match.p:.2g}" if match.tested
+               else f"all {match.cases} of its case(s), too few for a sign test at {ALPHA:g}: every one moved the "
+                    "canary's way")
+        family = f"{match.label} moved {_pct(math.expm1(match.move))} worse with it ({how})"
         gross = v.cause == Cause.GROSS or abs(math.log1p(v.change)) >= math.log(GROSS_FACTOR)
         if not gross and worse * sign > 0 and (worse - match.move) * sign <= math.log1p(v.mde or 0.0):
             matches[group] = dataclasses.replace(match, explained=match.explained + 1)
