@@ -172,6 +172,16 @@ def short_gpu_name(name: str) -> str:
     return "-".join(words) or "gpu"
 
 
+_CPU_NOISE = {"r", "tm", "cpu", "processor"}
+
+
+def short_cpu_name(model: str) -> str:
+    """``Intel(R) Xeon(R) Processor`` → ``intel-xeon``; ``AMD EPYC 9B14 96-Core Processor`` → ``amd-epyc-9b14``:
+    the vendor and model words, less trademarks, core counts and the clock ("" when the model is unknown)."""
+    model = re.sub(r"\d+-core|@.*$", " ", model.lower())
+    return "-".join(w for w in re.split(r"[^a-z0-9]+", model) if w and w not in _CPU_NOISE)
+
+
 def fingerprint(topo: Topology) -> Fingerprint:
     if topo.gpus:
         names = sorted({short_gpu_name(g.name) for g in topo.gpus})
@@ -190,7 +200,10 @@ def fingerprint(topo: Topology) -> Fingerprint:
                             for x in topo.links),
         }
     else:
-        slug = f"cpu-{topo.host.arch}-{topo.host.cores}c"
+        # the CPU's model is part of the class: one cloud image (one machine id, so one host id) has come up on an
+        # Intel Xeon one day and an AMD EPYC the next, whose CPU GEMMs differ by -28..+81 % case by case
+        cpu = short_cpu_name(topo.host.cpu_model)
+        slug = f"cpu-{topo.host.arch}-{topo.host.cores}c" + (f"-{cpu}" if cpu else "")
         facts = {"cpu": topo.host.cpu_model, "cores": topo.host.cores,
                  "memory_gib": round(topo.host.memory_bytes / 2**30)}
     if topo.emulation:  # results under an emulation are not the box's own: they are keyed apart

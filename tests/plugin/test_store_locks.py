@@ -147,7 +147,7 @@ def test_an_update_waiting_for_a_hung_holder_names_it_and_gives_up(pytester: pyt
                                  f"1.5), {named}"])
     result.stdout.fnmatch_lines([f"moeperf: baselines not updated: gave up after 2 s (--moeperf-lock-timeout 1.5) "
                                  f"waiting for the lock of {root}, {named}"])
-    assert not (root / "cpu-x86-64-2c").exists() or not list((root).rglob("test_h.json"))
+    assert not list(root.rglob("test_h.json"))
 
 
 def test_a_merge_waiting_for_a_hung_holder_names_it_and_gives_up(tmp_path: Path,

@@ -255,6 +255,17 @@ def test_short_gpu_names(name: str, short: str) -> None:
     assert topology.short_gpu_name(name) == short
 
 
+@pytest.mark.parametrize(
+    ("model", "short"),
+    [("Intel(R) Xeon(R) Processor", "intel-xeon"), ("AMD EPYC", "amd-epyc"),
+     ("AMD EPYC 9B14 96-Core Processor", "amd-epyc-9b14"),
+     ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "intel-xeon-platinum-8481c"),
+     ("Intel(R) Core(TM) i7-8700K CPU @ 3.70GHz", "intel-core-i7-8700k"), ("", "")],
+)
+def test_short_cpu_names(model: str, short: str) -> None:
+    assert topology.short_cpu_name(model) == short
+
+
 def _two_h200(link_kind: str) -> topology.Topology:
     gpus = tuple(topology.Gpu(index=i, name="NVIDIA H200", memory_bytes=143771 * 2**20, compute_capability=(9, 0))
                  for i in range(2))
@@ -271,7 +282,12 @@ def test_fingerprint_slugs_and_hash_follow_hardware_not_software() -> None:
     upgraded = topology.Topology(gpus=nv.gpus, links=nv.links, host=nv.host, software={"torch": "2.13.0"})
     assert upgraded.fingerprint == nv.fingerprint, "software is provenance, not part of the key"
     cpu = topology.Topology(gpus=(), links=(), host=nv.host)
-    assert cpu.fingerprint.slug == "cpu-x86-64-32c" and cpu.interconnect == "none"
+    assert cpu.fingerprint.slug == "cpu-x86-64-32c-test" and cpu.interconnect == "none"
+    # one image (one host id) on another CPU model is another class of machine: the CPU model is in the slug
+    amd = dataclasses.replace(nv.host, cpu_model="AMD EPYC")
+    assert topology.Topology(gpus=(), links=(), host=amd).fingerprint.slug == "cpu-x86-64-32c-amd-epyc"
+    unknown = dataclasses.replace(nv.host, cpu_model="")
+    assert topology.Topology(gpus=(), links=(), host=unknown).fingerprint.slug == "cpu-x86-64-32c"
 
 
 def test_topology_file_round_trip(tmp_path: Path) -> None:
