@@ -65,6 +65,24 @@ def relative_spread(values: Sequence[float]) -> float | None:
     return MAD_TO_SIGMA * mad(values) / abs(center) if center else None
 
 
+IQR_TO_SIGMA = 1.349
+#: the standard error of a sample median over that of a sample mean, for a normal spread: sqrt(pi / 2)
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2.0)
+
+
+#: the fewest samples whose median's standard error `median_standard_error` estimates (a large-sample result)
+MIN_SAMPLES_FOR_SE = 10
+
+
+def median_standard_error(median_value: float, iqr_value: float, n: int) -> float | None:
+    """The relative standard error of a median of ``n`` samples whose IQR is ``iqr_value``: sqrt(pi/2) x
+    (IQR / 1.349) / sqrt(n) / |median| (the large-sample result for a normal spread); None when it cannot be
+    known (fewer than `MIN_SAMPLES_FOR_SE` samples, a zero median, no spread)."""
+    if n < MIN_SAMPLES_FOR_SE or not median_value or not iqr_value > 0:
+        return None
+    return MEDIAN_SE_FACTOR * (iqr_value / IQR_TO_SIGMA) / math.sqrt(n) / abs(median_value)
+
+
 def _scale(values: Sequence[float]) -> float:
     """A power of two at most the largest magnitude: values divided by it (exactly) are below 2 in magnitude, so
     their sums and squares cannot overflow; multiplying back is exact too."""

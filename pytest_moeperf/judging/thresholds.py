@@ -15,6 +15,15 @@ or what the noise allows, whichever is larger. The noise term is ``noise_k`` × 
 * ``within-run``: none of the above; the within-run IQR is shown as a floor, but such a verdict can never be
   REGRESSED or IMPROVED (INCONCLUSIVE names why: too few stored runs, or a baseline from another host).
 
+**Sampling floor.** A run's median carries the sampling error of its own samples: sqrt(pi/2) x (IQR / 1.349) /
+sqrt(n) of the median (`stats.median_standard_error`). A spread between runs (``baseline``, ``history``) below the
+median of that error over the stored runs is an estimate that came out low, and the floor stands in for it. The
+MAD of 5 run medians has a third of the efficiency of a standard deviation: seen on the 2-vCPU AMD CI VM, gloo's
+1 KiB eager latency stored 5 runs at 223-269 us whose MAD read 2.4 % (mde 7.3 %), while each run was the median
+of 25-35 block minima with an IQR of 29-43 % (a median's error of 4.6-7.8 %, median 6.3 %); judged runs then read
+it -29 % to +22 %, and two of six were REGRESSED at p = 0.048 on an unchanged checkout. Metrics of many tight
+samples (a graph-timed GEMM) have a floor far below their spread, and one sample per run (a throughput) has none.
+
 **Quiet floor.** Where the minimum effect is the default (no test, marker or option names one), the baseline's
 runs come from this host in at least 2 sittings (so the box's day-to-day state is in the spread; updates less than
 an hour apart on one boot are one sitting: `store.entries.sittings`) and the noise term is below the minimum
@@ -78,6 +87,11 @@ class Reference:
     windows: tuple[tuple[float, ...], ...] = ()
     #: how many sittings the runs with windows came from (`judging.levels`: one sitting cannot show what a start adds)
     window_sittings: int = 1
+    #: the sampling floor: the median over the stored runs of each run median's relative standard error from its own
+    #: samples (`stats.median_standard_error`; 0: unknown); a spread between runs cannot be below it
+    sampling_spread: float = 0.0
+    #: the median number of samples per stored run that floor comes from (for the report)
+    sampling_n: int = 0
 
     def __post_init__(self) -> None:
         if not self.run_medians:
@@ -162,6 +176,10 @@ class Threshold:
             return Bound(mde, text, source, False,
                          f"only {reference.runs} stored {plural}: the between-run noise is unknown; record at least "
                          f"{MIN_RUNS_FOR_SPREAD} (e.g. --moeperf-update --moeperf-rounds 3)")
+        learned = spread
+        floored = source in ("baseline", "history") and reference.sampling_spread > spread
+        if floored:
+            spread = reference.sampling_spread
         noise = self.noise_k * spread
         if source == "hosts":
             # a spread between a handful of hosts is itself uncertain (seen on 1x H200: 1.3 % between 3 sittings of
@@ -177,7 +195,9 @@ class Threshold:
         else:
             sittings = "1 sitting" if reference.sittings == 1 else f"{reference.sittings} sittings"
             where = f"{reference.noise_runs} runs in {sittings}"
-        text = f"spread {spread * 100:.1f} % from {where}"
+        text = f"spread {learned * 100:.1f} % from {where}"
+        if floored:
+            text += f", under its sampling floor {spread * 100:.1f} % (run medians of {reference.sampling_n} samples)"
         quiet = (self.quiet_floor is not None and source in ("baseline", "history")
                  and (source == "history" or reference.sittings >= MIN_SITTINGS_FOR_QUIET))
         if quiet and self.quiet_floor is not None and noise < self.tolerance:

@@ -205,6 +205,15 @@ def _within_rel_iqr(runs: Sequence[RunSummary]) -> float:
     return max((r.iqr / abs(r.median) if r.median else 0.0) for r in runs)
 
 
+def _sampling(runs: Sequence[RunSummary]) -> dict[str, Any]:
+    """The sampling floor of ``runs`` as `Reference` takes it: the median of each run median's relative standard
+    error (`stats.median_standard_error`) and the median number of samples per run; none when no run has one."""
+    errors = [e for r in runs if (e := stats.median_standard_error(r.median, r.iqr, r.n)) is not None]
+    if not errors:
+        return {}
+    return {"sampling_spread": stats.median(errors), "sampling_n": round(stats.median([r.n for r in runs]))}
+
+
 @dataclass(frozen=True)
 class BaselineEntry:
     key: str
@@ -242,14 +251,16 @@ class BaselineEntry:
         per-host medians of every host (this one included) with their spread: a cross-host reference."""
         runs = self.all_runs
         if host is None:
-            return Reference(tuple(r.median for r in runs), _within_rel_iqr(runs), sittings=sittings(runs))
+            return Reference(tuple(r.median for r in runs), _within_rel_iqr(runs), sittings=sittings(runs),
+                             **_sampling(runs))
         mine = [r for r in runs if r.host == host]
         groups = self.hosts()
         others = len(groups) - (1 if mine else 0)
         if len(mine) >= MIN_RUNS_FOR_SPREAD or (mine and len(groups) < MIN_HOSTS_FOR_SPREAD):
             nested = [r for r in mine if r.windows]
             return Reference(tuple(r.median for r in mine), _within_rel_iqr(mine), sittings=sittings(mine),
-                             windows=tuple(r.windows for r in nested), window_sittings=sittings(nested))
+                             windows=tuple(r.windows for r in nested), window_sittings=sittings(nested),
+                             **_sampling(mine))
         medians = tuple(stats.median([r.median for r in g]) for g in groups.values())
         spread = stats.relative_spread(medians) if len(groups) >= MIN_HOSTS_FOR_SPREAD else None
         label = f"{others} other host{'s' if others != 1 else ''}"

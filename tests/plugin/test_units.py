@@ -174,6 +174,34 @@ def test_quiet_floor_needs_this_hosts_runs_from_two_sittings() -> None:
     assert Threshold(0.02, quiet_floor=0.03).bound(quiet).mde == 0.02  # the floor never raises the minimum effect
 
 
+def test_a_spread_between_runs_is_never_below_the_sampling_error_of_a_runs_median() -> None:
+    """The AMD CI VM's gloo 1 KiB eager latency: 5 stored runs whose MAD read 2.4 % (mde 7.3 %), each the median of
+    25-35 block minima with an IQR of 29-43 %: a median's error of 4.6-7.8 % (median 6.3 %). Judged on an unchanged
+    checkout, rounds of 289 and 316 us read +21.4 % and were REGRESSED at p = 0.048."""
+    runs = [(253.207, 107.815, 26), (222.972, 85.628, 25), (245.265, 72.3325, 35), (269.4, 87.9937, 28),
+            (249.141, 87.465, 27)]
+    errors = [stats.median_standard_error(m, i, n) for m, i, n in runs]
+    assert all(e is not None and 0.04 < e < 0.08 for e in errors)
+    floor = stats.median([e for e in errors if e is not None])
+    stored = Reference(tuple(m for m, _, _ in runs), sittings=2, sampling_spread=floor, sampling_n=27)
+    bound = Threshold(quiet_floor=0.03).bound(stored)
+    assert bound.mde == pytest.approx(3 * floor) and bound.mde > 0.18
+    assert "spread 2.4 % from 5 runs in 2 sittings, under its sampling floor 6.3 % (run medians of 27" in bound.spread
+    unfloored = dataclasses.replace(stored, sampling_spread=0.0)
+    assert Threshold(quiet_floor=0.03).bound(unfloored).mde == pytest.approx(0.073, abs=0.001)
+    seen = judge("k", "latency_eager", "us", "lower", [[289.0] * 27, [316.0] * 27], stored, Threshold(quiet_floor=0.03))
+    assert seen.status is Status.INCONCLUSIVE and "rounds disagree" in seen.reason  # 289 us is +16 %: within
+    assert judge("k", "latency_eager", "us", "lower", [[289.0] * 27, [316.0] * 27], unfloored,
+                 Threshold(quiet_floor=0.03)).status is Status.REGRESSED
+    # a x1.5 on it is still caught; a spread above the floor is left as learned; no floor from too few samples
+    assert judge("k", "latency_eager", "us", "lower", [[375.0] * 27, [380.0] * 27], stored,
+                 Threshold(quiet_floor=0.03)).status is Status.REGRESSED
+    loud = Reference((100.0, 110.0, 90.0, 105.0, 95.0), sampling_spread=0.01)
+    assert Threshold().bound(loud).mde == pytest.approx(3 * stats.relative_spread(loud.run_medians))  # type: ignore
+    assert stats.median_standard_error(100.0, 30.0, stats.MIN_SAMPLES_FOR_SE - 1) is None
+    assert stats.median_standard_error(100.0, 0.0, 50) is None
+
+
 def test_small_sample_masking_cases_never_pass() -> None:
     """The issue's cases: one good sample must not hide a regression (old bootstrap-interval rule: PASS)."""
     latency = judge("k", "m", "ms", "lower", [[100, 190, 190, 190, 190]], ref(100.0), Threshold())
