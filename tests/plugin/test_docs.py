@@ -63,3 +63,20 @@ def test_the_core_stays_small() -> None:
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 10, top
     assert len((PACKAGE / "session.py").read_text().splitlines()) <= 150
+
+
+def test_the_projects_code_exclude_leaves_out_only_what_makes_no_number() -> None:
+    """pyproject.toml's ``moeperf_code_exclude``: every path it names exists (a renamed module would silently become
+    measured code again), and what summarises or plans a measurement (judging/stats.py, judging/levels.py, the
+    kernels, the canary) is not in it."""
+    import tomllib
+
+    root = Path(__file__).parents[2]
+    excluded = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"][
+        "moeperf_code_exclude"].split()
+    named = [p for p in excluded if "*" not in p]
+    assert [p for p in named if not (root / p).exists()] == []
+    for measured in ("pytest_moeperf/judging/stats.py", "pytest_moeperf/judging/levels.py", "pytest_moeperf/kernels",
+                     "pytest_moeperf/machine/canary.py", "pytest_moeperf/store", "suites"):
+        assert not any(measured == p or measured.startswith(p.rstrip("/") + "/") for p in named), measured
+    assert "pytest_moeperf/judging/verdict.py" in named and "pytest_moeperf/judging/thresholds.py" in named
