@@ -17,17 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.history.noise import HistoryNoise
+from pytest_moeperf.judging import shift
 from pytest_moeperf.judging.judge import Judge
 from pytest_moeperf.judging.levels import levels_section, of_reference
 from pytest_moeperf.judging.machine_judge import MachineJudge
-from pytest_moeperf.judging.shift import (
-    Family,
-    family_views,
-    in_moved_families,
-    same_code,
-    shift_notes,
-    shift_sections,
-)
 from pytest_moeperf.judging.thresholds import Reference, Threshold
 from pytest_moeperf.judging.verdict import Status, Verdict, missing
 from pytest_moeperf.ledger import STATE, Ledger, Measurement, suite_of
@@ -199,18 +192,19 @@ class Conclusion:
         if section is not None:
             self.ledger.sections.append(section)
 
-    def _shift(self) -> list[Family]:
+    def _shift(self) -> list[shift.Family]:
         """The machine-shift view (report-only tables); the verdicts inside moved families say so."""
         verdicts, subfamilies = self.ledger.verdicts, self.machine.subfamilies()
         stored = self.store.run_medians(v.key for v in verdicts)
         moved = {v.key: v for v in verdicts}
-        views = family_views(verdicts, stored, subfamilies)
+        views = shift.family_views(verdicts, stored, subfamilies)
         same = {k for k, v in moved.items() if v.status in (Status.IMPROVED, Status.REGRESSED) and self.of_this_code(k)}
-        for key, verdict in in_moved_families(moved, views, same, subfamilies).items():
+        changed = shift.in_moved_families(moved, views, same, subfamilies)  # then the cases beside a common move:
+        for key, verdict in {**changed, **shift.beside_common_moves(moved | changed, views, subfamilies)}.items():
             self.ledger.decide(key, verdict)
-        shifts = family_views(self.ledger.verdicts, stored, subfamilies)  # the verdicts as they read now
-        self.ledger.sections += shift_sections(shifts)
-        self.ledger.notes += shift_notes(shifts)
+        shifts = shift.family_views(self.ledger.verdicts, stored, subfamilies)  # the verdicts as they read now
+        self.ledger.sections += shift.shift_sections(shifts)
+        self.ledger.notes += shift.shift_notes(shifts)
         return [f for f in shifts if f.moved]
 
     def of_this_code(self, key: str) -> bool:
@@ -221,7 +215,7 @@ class Conclusion:
             entry = self.store.entry(key)
         except BaselineError:
             return False
-        return entry is not None and same_code(self._code_now, entry.provenance,
+        return entry is not None and shift.same_code(self._code_now, entry.provenance,
                                                [(r.git_commit, r.code) for r in entry.all_runs])
 
     @functools.cached_property
@@ -229,12 +223,18 @@ class Conclusion:
         """This run's provenance, once a session (`same_code` reads its commit, software and environment)."""
         return self.provenance()
 
-    def fails_its_test(self, key: str, verdict: Verdict) -> bool:
+    def fails_its_test(self, key: str, verdict: Verdict, family_tests: int = 0) -> bool:
         """Whether a REGRESSED fails its test at once; one against other hosts' runs, against runs of this very
-        code (a family that moved as a whole is then the machine, a gross change too: `_shift`), or beside a canary
-        that moved slower (`MachineJudge.slower`), waits for the session's end."""
-        return (verdict.status is Status.REGRESSED and not verdict.provisional and not self.of_this_code(key)
-                and not self.machine.slower(key))
+        code (a family that moved as a whole is then the machine, a gross change too: `_shift`), beside a canary
+        that moved slower (`MachineJudge.slower`), or one its family's common move could explain in a family of
+        ``family_tests`` >= `shift.MIN_CASES` tests (`shift.awaits_family`), waits for the session's end."""
+        return (verdict.status is Status.REGRESSED and not verdict.provisional
+                and not (family_tests >= shift.MIN_CASES and shift.awaits_family(verdict, self._common(key)))
+                and not self.of_this_code(key) and not self.machine.slower(key))
+
+    @functools.cache  # noqa: B019 - one session's store: the common mde of ``key``'s family (`shift.common_mde`)
+    def _common(self, key: str) -> float:
+        return shift.common_mde(runs := self.store.family_runs(key), runs)
 
     def failing_regressions(self) -> list[Verdict]:
         """The REGRESSED verdicts that fail the session: all of them (those against other hosts' baselines fail only
@@ -268,7 +268,7 @@ class Conclusion:
         strict = self.settings.strict and bool(self.ledger.undecided() or self.ledger.warnings or self.lost)
         return self.update_failed or strict or bool(self.failing_regressions())
 
-    def _update(self, moved: list[Family]) -> None:
+    def _update(self, moved: list[shift.Family]) -> None:
         from pytest_moeperf.store.update import plan_update
 
         plan = plan_update(self.ledger, moved, accept_shift=self.settings.accept_shift,
@@ -375,6 +375,7 @@ class Conclusion:
         if beside:
             out.append((f"moeperf: {len(beside)} metric(s) REGRESSED beyond the machine's move (the canary moved; see "
                         "'Machine' in the report): the session fails", True))
+        out += [(line, True) for line in shift.awaited_lines(self.failing_regressions(), verdicts, self._common)]
         cross_host = [v for v in self.failing_regressions() if v.provisional]
         if cross_host:
             out.append((f"moeperf: {len(cross_host)} metric(s) REGRESSED against other hosts' baselines, beyond their "

@@ -109,3 +109,11 @@ def skip_past_deadline(config: pytest.Config) -> None:
     if elapsed > deadline:
         pytest.skip(f"{DEADLINE_SKIP}{deadline:g} s passed ({elapsed:.0f} s into the session): "
                     "the batch's time slot is used up")
+
+
+def function_cases(item: pytest.Item) -> int:
+    """How many of the session's tests are ``item``'s test function's cases: the most cases a family (one test file,
+    one metric name) of its metrics can judge, as far as its call knows (a family spread over several functions
+    counts as smaller, so its REGRESSED fails its test at once, as before: `Conclusion.fails_its_test`)."""
+    name = getattr(item, "originalname", item.name)
+    return sum(i.path == item.path and getattr(i, "originalname", i.name) == name for i in item.session.items)

@@ -25,6 +25,7 @@ from pytest_moeperf.runtime import (
     carry_test_id,
     confirmed_key,
     deferred_key,
+    function_cases,
     health_key,
     perf_key,
     reported_test_id,
@@ -99,7 +100,7 @@ class MoePerfSession(Conclusion):
                 continue
             records.append(Record(record.metric, record.rounds, record.threshold, verdict))
             lines.append(verdict.message())
-            if self.fails_its_test(record.key, verdict):
+            if self.fails_its_test(record.key, verdict, function_cases(item)):
                 changes = software_changes(self.judge.store.entry(record.key), self.topology.software)
                 regressed.append(verdict.message() + (f"\n  {changes}" if changes else ""))
         payload = json.dumps([r.to_json() for r in records], separators=(",", ":"), sort_keys=True)

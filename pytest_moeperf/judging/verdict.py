@@ -67,6 +67,9 @@ class Cause:
     STRICT = "strict"  # --moeperf-strict: a baseline recorded on a machine of another fingerprint hash
     GROSS = "gross"  # not INCONCLUSIVE: a REGRESSED or IMPROVED decided by rule 4 on too little evidence for 3
     MACHINE = "machine"  # its family moved as a whole, and every stored run is of this run's code: the machine moved
+    #: its family moved together within its common mde (what its stored runs moved together), and with that move
+    #: divided out some round is within the mde (`shift.beside_common_moves`): not told from the machine's move
+    FAMILY = "family"
     HELPED = frozenset({NOISE, DISAGREE, FEW_ROUNDS})
 
 

@@ -296,6 +296,17 @@ class BaselineStore:
             if entry is not None:
                 yield key, entry
 
+    def family_runs(self, key: str) -> dict[str, list[tuple[str | None, float]]]:
+        """`run_medians` of the stored metrics of ``key``'s family (same test file, same metric name); none for an
+        unusable file."""
+        test_id, _, name = key.rpartition("::")
+        try:
+            found = self.file(suite_of(test_id))
+        except BaselineError:
+            return {}
+        family = found.entries.of_family(test_id.split("::", 1)[0], name) if found else ()
+        return self.run_medians(e.key for e in family)
+
     def run_medians(self, keys: Iterable[str]) -> dict[str, list[tuple[str | None, float]]]:
         """Each stored metric's runs as (date of its update, median), oldest first; unusable files are left out."""
         return {key: [(r.date, r.median) for r in entry.all_runs] for key, entry in self._entries(keys)}
