@@ -5,10 +5,11 @@ kernel where available: INT4 W4A16 for the routed experts, vLLM's fused Marlin M
 (Marlin first), bf16 for the rest); the all-reduce latency at the decode message size comes from this
 fingerprint's all-reduce baselines (written by ``suites/allreduce``, read through the baseline store: the
 ``allreduce_baselines`` fixture, which skips when there are none). The budget
-(:mod:`pytest_moeperf.kernels.budget`) gives two gated terms, the GEMM and the all-reduce µs per step
-(:func:`~pytest_moeperf.kernels.budget.guard_metrics`), each judged lower-is-better on its own. The all-reduce
-share ("AllReduce is 51.5 % of decode time") is derived from both and attached as context, not gated: gated, a
-GEMM speed-up would raise it and read as a regression.
+(:mod:`pytest_moeperf.kernels.budget`) gives the GEMM µs per step, measured now and judged lower-is-better
+(:func:`~pytest_moeperf.kernels.budget.guard_metrics`), and the all-reduce µs per step, read from the stored
+all-reduce baselines (which ``suites/allreduce`` judges) and attached as context, not gated. The all-reduce share
+("AllReduce is 51.5 % of decode time") is derived from both and attached as context too: gated, a GEMM speed-up
+would raise it and read as a regression.
 """
 
 from __future__ import annotations

@@ -130,12 +130,15 @@ class GuardMetric:
 
 
 def guard_metrics(budget: Budget) -> list[GuardMetric]:
-    """What a budget guard judges: the per-step µs of the GEMM term and of the all-reduce term, each lower-is-better
-    on its own (a GEMM speed-up lowers the first and leaves the second). The all-reduce share is derived from both:
-    informational, never gated (gated lower-is-better it would read a GEMM speed-up as a regression)."""
+    """What a budget guard judges: the per-step µs of the GEMM term, measured now, lower-is-better. The all-reduce
+    term is shown, never gated: it is computed from the stored all-reduce baselines, which the all-reduce suite
+    judges; gated against its own stored runs it judged only whether those baselines had changed since the budget
+    was recorded (an update of the all-reduce suite read +21 % REGRESSED in the next judged run, the machine and the
+    code unchanged). The all-reduce share is derived from both: informational too (gated lower-is-better it would
+    read a GEMM speed-up as a regression)."""
     metrics = [
         GuardMetric("gemm_step_us", budget.gemm_step_us, "us", "lower", True),
-        GuardMetric("allreduce_step_us", budget.allreduce_step_us, "us", "lower", True),
+        GuardMetric("allreduce_step_us", budget.allreduce_step_us, "us", "lower", False),
     ]
     if budget.allreduce_share_pct is not None:
         metrics.append(GuardMetric("allreduce_share_pct", budget.allreduce_share_pct, "%", "lower", False))
