@@ -55,9 +55,14 @@ def test_two_starts_are_two_servers_and_each_window_is_scored_on_its_plateau(  #
     metrics = json.loads(stored.read_text())["metrics"]
     runs = {key.rsplit("::", 1)[-1]: len(entry["runs"]) for key, entry in metrics.items() if "c4" in key}
     # one stored run per start whose window may decide: under load (CI under two busy loops) a start's client TPOT
-    # was recorded but set aside (its window drifted, or the health gate tripped), so not stored
-    assert runs["engine_tpot_mean_ms"] == _writable(tpot) >= 1, runs
+    # was recorded but set aside (its window drifted, or the health gate tripped), so not stored; a clean-clone CI on
+    # the 2-core VM set both starts' windows aside (the engine's steps carried 1.23 and 2.46 of the 4 sequences the
+    # closed loop keeps in flight): then nothing is stored, and the update names what it did not write
+    assert runs.get("engine_tpot_mean_ms", 0) == _writable(tpot), runs
     assert runs.get("tpot_mean_ms", 0) == (_writable(client) if client else 0), runs
+    if not _writable(tpot):
+        result.stdout.fnmatch_lines(["moeperf: * metric(s) not written to the baselines (window: *"
+                                     "::engine_tpot_mean_ms*"])
 
 
 def _writable(record: dict) -> int:  # type: ignore[type-arg]
