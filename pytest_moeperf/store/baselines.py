@@ -271,11 +271,9 @@ class BaselineStore:
         family (same test file, same metric name) that have 3 or more runs here, and what it came from."""
         if self.host is None:
             return None
-        test_id, _, name = key.rpartition("::")
-        found = self.file(suite_of(test_id))
-        family = test_id.split("::", 1)[0]
+        name = key.rpartition("::")[2]
         spreads = []
-        for entry in (found.entries.of_family(family, name) if found else ()):
+        for entry in self._family(key):
             if entry.key == key:
                 continue
             mine = [r.median for r in entry.all_runs if r.host == self.host]
@@ -296,16 +294,20 @@ class BaselineStore:
             if entry is not None:
                 yield key, entry
 
-    def family_runs(self, key: str) -> dict[str, list[tuple[str | None, float]]]:
-        """`run_medians` of the stored metrics of ``key``'s family (same test file, same metric name); none for an
-        unusable file."""
+    def _family(self, key: str) -> list[BaselineEntry]:
+        """The stored metrics of ``key``'s family: same test file, same metric name (raises `BaselineError` for an
+        unusable file)."""
         test_id, _, name = key.rpartition("::")
+        found = self.file(suite_of(test_id))
+        return found.entries.of_family(test_id.split("::", 1)[0], name) if found else []
+
+    def family_runs(self, key: str) -> dict[str, list[tuple[str | None, float]]]:
+        """`run_medians` of the stored metrics of ``key``'s family; none for an unusable file."""
         try:
-            found = self.file(suite_of(test_id))
+            family = self._family(key)
         except BaselineError:
             return {}
-        family = found.entries.of_family(test_id.split("::", 1)[0], name) if found else ()
-        return self.run_medians(e.key for e in family)
+        return {e.key: [(r.date, r.median) for r in e.all_runs] for e in family}
 
     def run_medians(self, keys: Iterable[str]) -> dict[str, list[tuple[str | None, float]]]:
         """Each stored metric's runs as (date of its update, median), oldest first; unusable files are left out."""
